@@ -1,0 +1,92 @@
+// Package api holds rls's public contract: the Go types of the rule file format.
+//
+// The format is envoyproxy/ratelimit's YAML, so existing rule files load unchanged, plus a few
+// extensions (burst, unit_multiplier, rate_limits, failure_mode). One file holds one domain:
+//
+//	domain: api
+//	descriptors:
+//	  - key: api_key
+//	    rate_limit: {unit: minute, requests_per_unit: 60, burst: 10}
+//	    descriptors:
+//	      - key: path
+//	        value: "/login*"
+//	        rate_limits:
+//	          - {unit: second, requests_per_unit: 10}
+//	          - {unit: day, requests_per_unit: 250}
+//
+// rls decodes these types strictly: an unknown key is an error, reported with its file and line.
+package api
+
+// RuleFile is one rule file: a domain and its descriptor tree.
+type RuleFile struct {
+	// Domain names the rule set; it must equal RateLimitRequest.domain. Required and unique
+	// across all loaded files.
+	Domain string `yaml:"domain"`
+	// Descriptors are the first level of the tree, matched against a request descriptor's first
+	// entry.
+	Descriptors []Descriptor `yaml:"descriptors"`
+}
+
+// Descriptor is one node of the rule tree, matched against one entry of a request descriptor.
+type Descriptor struct {
+	// Key must equal the entry's key. Required.
+	Key string `yaml:"key"`
+	// Value, when set, must equal the entry's value; '*' in it matches any run of characters, any
+	// number of times ("user-*", "*.example.com", "*"). When empty the node is the key's default:
+	// it matches any value that no sibling with a value matched.
+	Value string `yaml:"value"`
+	// RateLimit is the limit applied when this node is matched by the last entry of a request
+	// descriptor. A node without RateLimit (and without RateLimits) applies no limit: it
+	// allow-lists what it matches.
+	RateLimit *RateLimit `yaml:"rate_limit"`
+	// RateLimits is an rls extension: several limits on one node (10 per second and 250 per day),
+	// all of which must admit a request. Mutually exclusive with RateLimit.
+	RateLimits []RateLimit `yaml:"rate_limits"`
+	// Descriptors are the children, matched against the next entry.
+	Descriptors []Descriptor `yaml:"descriptors"`
+	// ShadowMode evaluates and reports the limit but never denies because of it: the descriptor's
+	// status is OK and nothing is charged when it would have been over.
+	ShadowMode bool `yaml:"shadow_mode"`
+	// QuotaMode makes the limit a soft quota: a descriptor over its quota reports OVER_LIMIT, but
+	// the request is denied only when every quota-mode descriptor of the request is over (or an
+	// ordinary limit denies). The indices of exceeded quotas go to the response's dynamic metadata.
+	QuotaMode bool `yaml:"quota_mode"`
+	// DetailedMetric puts the request's descriptor values in metric labels for this rule.
+	DetailedMetric bool `yaml:"detailed_metric"`
+	// ValueToMetric puts the matched entry's value (instead of the rule's pattern) in metric labels.
+	ValueToMetric bool `yaml:"value_to_metric"`
+	// ShareThreshold, on a wildcard node, makes every value the wildcard matches share one bucket
+	// instead of one bucket per value.
+	ShareThreshold bool `yaml:"share_threshold"`
+	// Metadata is copied into the response's dynamic_metadata when this descriptor is admitted.
+	Metadata map[string]any `yaml:"metadata"`
+	// FailureMode overrides the server's --failure-mode for this rule when the backend fails:
+	// "allow", "deny", "error" or "local". Empty means the server's default.
+	FailureMode string `yaml:"failure_mode"`
+}
+
+// RateLimit is one limit: RequestsPerUnit requests per UnitMultiplier units of time, with a burst.
+type RateLimit struct {
+	// Unit is one of second, minute, hour, day, week, month (30 days) or year (365 days), in any
+	// case. Required unless Unlimited.
+	Unit string `yaml:"unit"`
+	// RequestsPerUnit is the sustained rate. 0 denies every request.
+	RequestsPerUnit uint32 `yaml:"requests_per_unit"`
+	// Unlimited admits everything and reports no limit. A unit must not be set with it.
+	Unlimited bool `yaml:"unlimited"`
+	// Name identifies the limit in responses (RateLimit.name), metrics and replaces lists.
+	Name string `yaml:"name"`
+	// Replaces lists limits, by name, that this limit drops from the same request when both match.
+	Replaces []Replace `yaml:"replaces"`
+	// Burst is an rls extension: how many requests may arrive at once after a quiet period (the
+	// GCRA tolerance). Defaults to RequestsPerUnit. Independent of the sustained rate.
+	Burst *uint32 `yaml:"burst"`
+	// UnitMultiplier is an rls extension: the period is UnitMultiplier units (unit: second,
+	// unit_multiplier: 30 is 30 seconds). Defaults to 1; must be > 0 when set.
+	UnitMultiplier *uint32 `yaml:"unit_multiplier"`
+}
+
+// Replace names a limit that a RateLimit replaces.
+type Replace struct {
+	Name string `yaml:"name"`
+}

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// runValidate loads rule files and reports every problem.
+func runValidate(args []string, stdout, stderr io.Writer) error {
+	if len(args) != 1 || strings.HasPrefix(args[0], "-") {
+		fmt.Fprintln(stderr, "usage: rls validate PATH (a rule file or a directory of *.yaml/*.yml files)")
+		return errUsage
+	}
+	rs, err := loadRules(args[0])
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "ok: %d domain(s) from %d file(s)\n", len(rs.Domains), len(rs.Files))
+	for _, d := range rs.Domains {
+		fmt.Fprintf(stdout, "  %s (%s): %d rule(s)\n", d.Name, d.File, len(d.Rules))
+	}
+	return nil
+}
+
+// descriptorFlag collects --descriptor key=value,key2=value2 flags.
+type descriptorFlag []*ratelimitv3.RateLimitDescriptor
+
+func (d *descriptorFlag) String() string { return "" }
+
+func (d *descriptorFlag) Set(s string) error {
+	desc := &ratelimitv3.RateLimitDescriptor{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("%q: want key=value[,key=value...]", kv)
+		}
+		desc.Entries = append(desc.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: k, Value: v})
+	}
+	*d = append(*d, desc)
+	return nil
+}
+
+// runCheck sends one ShouldRateLimit request and prints the response as JSON. It returns
+// errOverLimit (exit status 2) when the answer is OVER_LIMIT.
+func runCheck(ctx context.Context, args, env []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "localhost:8081", "rls gRPC address")
+	domain := fs.String("domain", "example", "rate-limit domain")
+	hits := fs.Uint("hits", 0, "hits_addend (0 means 1)")
+	timeout := fs.Duration("timeout", 5*time.Second, "deadline for the call")
+	var descs descriptorFlag
+	fs.Var(&descs, "descriptor", "a descriptor as key=value[,key=value...]; repeat for several; arguments after the flags count too")
+	if err := parseFlags(fs, args, env); err != nil {
+		return err
+	}
+	for _, a := range fs.Args() {
+		if err := descs.Set(a); err != nil {
+			fmt.Fprintln(stderr, "rls check:", err)
+			return errUsage
+		}
+	}
+	if len(descs) == 0 {
+		fmt.Fprintln(stderr, "rls check: give at least one descriptor, e.g. rls check api_key=k1")
+		return errUsage
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{
+		Domain: *domain, Descriptors: descs, HitsAddend: uint32(*hits),
+	})
+	if err != nil {
+		return fmt.Errorf("ShouldRateLimit %s: %w", *addr, err)
+	}
+	out, err := protojson.MarshalOptions{Multiline: true}.Marshal(resp)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, string(out))
+	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+		return errOverLimit
+	}
+	return nil
+}

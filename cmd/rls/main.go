@@ -1,0 +1,32 @@
+// Command rls is a gRPC rate-limit decision service for Envoy's ext rate-limit filters:
+// envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, decided with exact GCRA.
+//
+//	rls [flags]                 serve (see rls -h)
+//	rls validate PATH           check rule files; exit 1 with every error
+//	rls check [flags] k=v,...   ask a running server once and print the answer
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	switch {
+	case err == nil:
+	case errors.Is(err, errOverLimit):
+		os.Exit(2)
+	case errors.Is(err, errUsage):
+		os.Exit(64)
+	default:
+		fmt.Fprintln(os.Stderr, "rls:", err)
+		os.Exit(1)
+	}
+}

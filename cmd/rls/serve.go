@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/service"
+)
+
+// serveConfig is every serve flag.
+type serveConfig struct {
+	config          string
+	grpcAddr        string
+	httpAddr        string
+	backend         string
+	memoryMaxKeys   int
+	logLevel        string
+	logFormat       string
+	responseHeaders string
+	reflection      bool
+	keepaliveMin    time.Duration
+	maxConnAge      time.Duration
+	maxConnAgeGrace time.Duration
+	tlsCert         string
+	tlsKey          string
+	tlsClientCA     string
+	shutdownDelay   time.Duration
+	shutdownTimeout time.Duration
+}
+
+func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) {
+	var c serveConfig
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&c.config, "config", "", "rule file or directory of *.yaml/*.yml rule files (default: the embedded example rules)")
+	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (RateLimitService, health, reflection)")
+	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "HTTP listen address (/healthz, /readyz, POST /json); keep it off the public network")
+	fs.StringVar(&c.backend, "backend", "memory", "where limit state lives: memory")
+	fs.IntVar(&c.memoryMaxKeys, "memory-max-keys", 1_000_000, "memory backend: keys kept before the least recently used is forgotten")
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
+	fs.StringVar(&c.responseHeaders, "response-headers", "none", "rate-limit headers rls adds: none (Envoy adds its own), draft (RateLimit, RateLimit-Policy) or legacy (RateLimit-Limit/-Remaining/-Reset)")
+	fs.BoolVar(&c.reflection, "grpc-reflection", true, "serve gRPC reflection (for grpcurl)")
+	fs.DurationVar(&c.keepaliveMin, "grpc-keepalive-min-time", 10*time.Second, "shortest interval between client keepalive pings accepted, with or without streams (Envoy pings every 30s)")
+	fs.DurationVar(&c.maxConnAge, "grpc-max-connection-age", 10*time.Minute, "close connections after this long (with GOAWAY) so clients spread over new replicas; 0 never")
+	fs.DurationVar(&c.maxConnAgeGrace, "grpc-max-connection-age-grace", 30*time.Second, "time in-flight calls get to finish after a max-age GOAWAY")
+	fs.StringVar(&c.tlsCert, "grpc-tls-cert", "", "PEM certificate for gRPC TLS (with --grpc-tls-key)")
+	fs.StringVar(&c.tlsKey, "grpc-tls-key", "", "PEM private key for gRPC TLS")
+	fs.StringVar(&c.tlsClientCA, "grpc-tls-client-ca", "", "PEM CA bundle: require and verify client certificates (mTLS)")
+	fs.DurationVar(&c.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, report NOT_SERVING this long before draining, so load balancers stop sending")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls get to finish")
+	if err := parseFlags(fs, args, env); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	return c, nil
+}
+
+func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: l}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+func loadRules(path string) (*descriptors.RuleSet, error) {
+	if path == "" {
+		return descriptors.Parse(map[string][]byte{defaultRulesName: defaultRules})
+	}
+	return descriptors.Load(path)
+}
+
+func newBackend(c serveConfig) (backend.Backend, error) {
+	switch c.backend {
+	case "memory":
+		return backend.NewMemory(backend.MemoryOptions{MaxKeys: c.memoryMaxKeys})
+	}
+	return nil, fmt.Errorf("--backend %q: want memory", c.backend)
+}
+
+func grpcCredentials(c serveConfig) (grpc.ServerOption, error) {
+	if c.tlsCert == "" && c.tlsKey == "" {
+		if c.tlsClientCA != "" {
+			return nil, errors.New("--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key")
+		}
+		return nil, nil
+	}
+	cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)
+	if err != nil {
+		return nil, fmt.Errorf("--grpc-tls-cert/--grpc-tls-key: %w", err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if c.tlsClientCA != "" {
+		pem, err := os.ReadFile(c.tlsClientCA)
+		if err != nil {
+			return nil, fmt.Errorf("--grpc-tls-client-ca: %w", err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("--grpc-tls-client-ca %s: no PEM certificates", c.tlsClientCA)
+		}
+		cfg.ClientCAs = pool
+		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+	}
+	return grpc.Creds(credentials.NewTLS(cfg)), nil
+}
+
+// healthServices are the names gRPC health reports on.
+var healthServices = []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName}
+
+func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
+	log, err := newLogger(c.logLevel, c.logFormat, stderr)
+	if err != nil {
+		return err
+	}
+	headers, err := service.ParseHeaderMode(c.responseHeaders)
+	if err != nil {
+		return fmt.Errorf("--response-headers: %w", err)
+	}
+	rules, err := loadRules(c.config)
+	if err != nil {
+		return fmt.Errorf("loading rules: %w", err)
+	}
+	be, err := newBackend(c)
+	if err != nil {
+		return err
+	}
+	defer be.Close()
+	svc, err := service.New(rules, service.Options{Backend: be, Logger: log, Headers: headers})
+	if err != nil {
+		return err
+	}
+
+	opts := []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.keepaliveMin, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(
+			func(ctx context.Context, p any) error {
+				log.ErrorContext(ctx, "panic in gRPC handler", "panic", p)
+				return status.Error(codes.Internal, "internal error")
+			}))),
+	}
+	if c.maxConnAge > 0 {
+		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge: c.maxConnAge, MaxConnectionAgeGrace: c.maxConnAgeGrace,
+		}))
+	}
+	creds, err := grpcCredentials(c)
+	if err != nil {
+		return err
+	}
+	if creds != nil {
+		opts = append(opts, creds)
+	}
+	gs := grpc.NewServer(opts...)
+	rlsv3.RegisterRateLimitServiceServer(gs, svc)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	if c.reflection {
+		reflection.Register(gs)
+	}
+	var ready atomic.Bool
+
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !ready.Load() {
+			http.Error(w, "not ready", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "ready\n")
+	})
+	mux.Handle("/json", svc.JSONHandler())
+	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+
+	var lc net.ListenConfig
+	gl, err := lc.Listen(ctx, "tcp", c.grpcAddr)
+	if err != nil {
+		return fmt.Errorf("--grpc-addr: %w", err)
+	}
+	hl, err := lc.Listen(ctx, "tcp", c.httpAddr)
+	if err != nil {
+		gl.Close()
+		return fmt.Errorf("--http-addr: %w", err)
+	}
+	errc := make(chan error, 2)
+	go func() { errc <- gs.Serve(gl) }()
+	go func() { errc <- hsrv.Serve(hl) }()
+
+	for _, name := range healthServices {
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	}
+	ready.Store(true)
+	log.Info("rls serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "backend", c.backend,
+		"rules", rulesSource(c.config), "domains", len(rules.Domains), "tls", creds != nil)
+
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errc:
+	}
+	// Health flips first, so load balancers and Envoy's health checks stop sending; then drain.
+	ready.Store(false)
+	hs.Shutdown()
+	log.Info("shutting down", "delay", c.shutdownDelay, "timeout", c.shutdownTimeout)
+	if serveErr == nil && c.shutdownDelay > 0 {
+		time.Sleep(c.shutdownDelay)
+	}
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
+	defer cancel()
+	select {
+	case <-stopped:
+	case <-sctx.Done():
+		log.Warn("in-flight calls did not finish in time; closing", "timeout", c.shutdownTimeout)
+		gs.Stop()
+	}
+	_ = hsrv.Shutdown(sctx)
+	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) && !errors.Is(serveErr, grpc.ErrServerStopped) {
+		return serveErr
+	}
+	log.Info("stopped")
+	return nil
+}
+
+func rulesSource(path string) string {
+	if path == "" {
+		return strings.TrimPrefix(defaultRulesName, "embedded:") + " (embedded)"
+	}
+	return path
+}

@@ -1,0 +1,9 @@
+// Package backend decides rate limits: the Limit and Decision value types, GCRA as pure
+// functions over integer time, and the stores that keep GCRA state (memory, redis) behind one
+// small interface.
+//
+// Time is counted in integer microseconds and the theoretical arrival time (TAT) is kept as an
+// exact rational (microseconds plus a remainder in units of 1/Rate µs), so a limit such as
+// 7 per second has no rounding at all: GCRA here admits exactly what a token bucket with the same
+// rate and capacity, computed in rational arithmetic, admits.
+package backend

@@ -1,0 +1,363 @@
+package service
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/descriptors"
+)
+
+// Bounds on a request; anything larger is answered InvalidArgument.
+const (
+	MaxDescriptors = 64
+	MaxEntries     = descriptors.MaxDepth
+	MaxKeyBytes    = descriptors.MaxKeyBytes
+	MaxValueBytes  = descriptors.MaxValueBytes
+	// maxCost caps a hits_addend; any cost above a limit's burst is denied anyway.
+	maxCost = 1 << 40
+)
+
+// Options configures a Service.
+type Options struct {
+	Backend backend.Backend
+	Logger  *slog.Logger // default slog.Default()
+	Headers HeaderMode
+}
+
+// Service implements RateLimitServiceServer. It is safe for concurrent use; its rules can be
+// swapped at any time with SetRules and each request sees one rule set from start to end.
+type Service struct {
+	rlsv3.UnimplementedRateLimitServiceServer
+	rules   atomic.Pointer[descriptors.RuleSet]
+	backend backend.Backend
+	log     *slog.Logger
+	headers HeaderMode
+	pool    sync.Pool // *work
+}
+
+var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
+
+// New returns a Service deciding with rules and opts.Backend.
+func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
+	if opts.Backend == nil {
+		return nil, errors.New("service: no backend")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	s := &Service{backend: opts.Backend, log: opts.Logger, headers: opts.Headers}
+	s.rules.Store(rules)
+	s.pool.New = func() any { return new(work) }
+	return s, nil
+}
+
+// SetRules swaps the rule set atomically.
+func (s *Service) SetRules(rs *descriptors.RuleSet) { s.rules.Store(rs) }
+
+// Rules returns the rule set in force.
+func (s *Service) Rules() *descriptors.RuleSet { return s.rules.Load() }
+
+// work is one request's scratch space, pooled.
+type work struct {
+	entries []descriptors.Entry
+	limits  [][]descriptors.Limit // per descriptor
+	rules   []*descriptors.Rule   // per descriptor
+	over    []descriptors.Limit   // per descriptor: the override limit
+	reqs    []backend.Request
+	owner   []int                // per backend request: its descriptor
+	lims    []*descriptors.Limit // per backend request: its limit
+	out     []backend.Decision
+	keys    []byte
+	keyEnd  []int
+}
+
+// ShouldRateLimit implements RateLimitServiceServer.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	if err := validate(req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	rs := s.rules.Load()
+	w := s.pool.Get().(*work)
+	defer s.pool.Put(w)
+	w.reset(len(req.Descriptors))
+
+	hits := int64(req.GetHitsAddend())
+	if hits == 0 {
+		hits = 1
+	}
+	domain := req.GetDomain()
+	for i, d := range req.Descriptors {
+		if d.GetLimit() != nil {
+			o := d.GetLimit()
+			mult := uint32(1)
+			if m := o.GetUnitMultiplier(); m != nil {
+				mult = m.GetValue()
+			}
+			w.over[i] = descriptors.NewLimit("", o.GetRequestsPerUnit(), descriptors.Unit(o.GetUnit()), mult, 0)
+			w.limits[i] = w.over[i : i+1]
+			continue
+		}
+		w.entries = w.entries[:0]
+		for _, e := range d.Entries {
+			w.entries = append(w.entries, descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		if r := rs.Match(domain, w.entries); r != nil {
+			w.rules[i] = r
+			w.limits[i] = r.Limits
+		}
+	}
+
+	// A matched limit's replaces drop the named limits from the whole request.
+	var replaced []string
+	for _, ls := range w.limits {
+		for j := range ls {
+			replaced = append(replaced, ls[j].Replaces...)
+		}
+	}
+
+	for i, d := range req.Descriptors {
+		cost := hits
+		if h := d.GetHitsAddend(); h != nil {
+			cost = int64(min(h.GetValue(), maxCost))
+		}
+		mode := backend.Enforce
+		var share []string
+		if r := w.rules[i]; r != nil {
+			share = r.Share
+			switch {
+			case r.ShadowMode:
+				mode = backend.Shadow
+			case r.QuotaMode:
+				mode = backend.Quota
+			}
+		}
+		for j := range w.limits[i] {
+			l := &w.limits[i][j]
+			if l.Name != "" && contains(replaced, l.Name) {
+				continue
+			}
+			w.appendKey(domain, d.Entries, share, j)
+			w.reqs = append(w.reqs, backend.Request{Limit: l.GCRA, Cost: cost, Refund: d.GetIsNegativeHits(), Mode: mode})
+			w.owner = append(w.owner, i)
+			w.lims = append(w.lims, l)
+		}
+	}
+
+	admitted := true
+	if len(w.reqs) > 0 {
+		keys := string(w.keys) // one allocation for every key of the request
+		start := 0
+		for k := range w.reqs {
+			w.reqs[k].Key = keys[start:w.keyEnd[k]]
+			start = w.keyEnd[k]
+		}
+		w.out = append(w.out[:0], make([]backend.Decision, len(w.reqs))...)
+		var err error
+		admitted, err = s.backend.Decide(ctx, w.reqs, w.out)
+		if err != nil {
+			s.log.LogAttrs(ctx, slog.LevelWarn, "backend failed", slog.String("domain", domain), slog.Any("err", err))
+			return nil, status.Error(codes.Unavailable, "rate limit backend unavailable: "+err.Error())
+		}
+	}
+	return s.response(req, w, admitted), nil
+}
+
+func contains(names []string, name string) bool {
+	for _, n := range names {
+		if n == name {
+			return true
+		}
+	}
+	return false
+}
+
+func (w *work) reset(n int) {
+	w.entries = w.entries[:0]
+	w.reqs = w.reqs[:0]
+	w.owner = w.owner[:0]
+	w.lims = w.lims[:0]
+	w.keys = w.keys[:0]
+	w.keyEnd = w.keyEnd[:0]
+	w.limits = append(w.limits[:0], make([][]descriptors.Limit, n)...)
+	w.rules = append(w.rules[:0], make([]*descriptors.Rule, n)...)
+	w.over = append(w.over[:0], make([]descriptors.Limit, n)...)
+}
+
+// appendKey appends the backend key of one limit of a descriptor: the domain, every entry's key
+// and value (or, under share_threshold, the wildcard pattern) and the limit's index, each
+// length-prefixed so that no two descriptors can encode alike ("a_b"+"c" vs "a"+"b_c").
+func (w *work) appendKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, share []string, limit int) {
+	w.keys = appendField(w.keys, domain)
+	for i, e := range entries {
+		w.keys = appendField(w.keys, e.GetKey())
+		if i < len(share) && share[i] != "" {
+			w.keys = append(w.keys, '*')
+			w.keys = appendField(w.keys, share[i])
+		} else {
+			w.keys = appendField(w.keys, e.GetValue())
+		}
+	}
+	w.keys = append(w.keys, '#')
+	w.keys = strconv.AppendInt(w.keys, int64(limit), 10)
+	w.keyEnd = append(w.keyEnd, len(w.keys))
+}
+
+func appendField(b []byte, s string) []byte {
+	b = strconv.AppendInt(b, int64(len(s)), 10)
+	b = append(b, ':')
+	return append(b, s...)
+}
+
+// response builds the answer: one status per request descriptor, in order.
+func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) *rlsv3.RateLimitResponse {
+	resp := &rlsv3.RateLimitResponse{
+		OverallCode: rlsv3.RateLimitResponse_OK,
+		Statuses:    make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(req.Descriptors)),
+	}
+	if !admitted {
+		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
+	}
+	var quotaSeen bool
+	var quotaViolations []any
+	var meta map[string]any
+	k := 0
+	for i := range req.Descriptors {
+		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
+		resp.Statuses[i] = st
+		r := w.rules[i]
+		if r != nil && r.Unlimited {
+			st.LimitRemaining = math.MaxUint32
+		}
+		// Pick the limit that denies or, when all admit, the one with least remaining.
+		best := -1
+		for ; k < len(w.reqs) && w.owner[k] == i; k++ {
+			if best < 0 {
+				best = k
+				continue
+			}
+			b, c := &w.out[best], &w.out[k]
+			if b.Allowed && (!c.Allowed || c.Remaining < b.Remaining) {
+				best = k
+			}
+		}
+		if best < 0 {
+			continue
+		}
+		d := w.out[best]
+		lim := w.lims[best]
+		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
+			Name:            lim.Name,
+			RequestsPerUnit: lim.RequestsPerUnit,
+			Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(lim.Unit),
+			UnitMultiplier:  wrapperspb.UInt32(lim.UnitMultiplier),
+		}
+		st.LimitRemaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
+		wait := d.ResetAfter
+		if !d.Allowed {
+			wait = d.RetryAfter
+			if w.reqs[best].Mode != backend.Shadow {
+				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+		}
+		st.DurationUntilReset = durationpb.New(wait)
+		if r != nil && r.QuotaMode {
+			quotaSeen = true
+			if !d.Allowed {
+				quotaViolations = append(quotaViolations, float64(i))
+			}
+		}
+		if r != nil && r.Metadata != nil && st.Code == rlsv3.RateLimitResponse_OK && admitted {
+			if meta == nil {
+				meta = map[string]any{}
+			}
+			for key, v := range r.Metadata {
+				meta[key] = v
+			}
+		}
+	}
+	if quotaSeen {
+		if meta == nil {
+			meta = map[string]any{}
+		}
+		meta["quotaModeEnabled"] = true
+		meta["quotaModeViolations"] = quotaViolations
+	}
+	if meta != nil {
+		if md, err := structpb.NewStruct(meta); err == nil {
+			resp.DynamicMetadata = md
+		} else {
+			s.log.Warn("dropping dynamic metadata", slog.Any("err", err))
+		}
+	}
+	if s.headers != HeadersNone {
+		resp.ResponseHeadersToAdd = s.headers.build(resp.Statuses)
+	}
+	return resp
+}
+
+// validate checks a request's shape; the error says what is wrong.
+func validate(req *rlsv3.RateLimitRequest) error {
+	if req.GetDomain() == "" {
+		return errors.New("domain must not be empty")
+	}
+	if len(req.GetDomain()) > MaxValueBytes {
+		return fmt.Errorf("domain longer than %d bytes", MaxValueBytes)
+	}
+	n := len(req.GetDescriptors())
+	if n == 0 {
+		return errors.New("descriptors must not be empty")
+	}
+	if n > MaxDescriptors {
+		return fmt.Errorf("%d descriptors: at most %d", n, MaxDescriptors)
+	}
+	for i, d := range req.Descriptors {
+		if d == nil {
+			return fmt.Errorf("descriptors[%d] is null", i)
+		}
+		if len(d.Entries) > MaxEntries {
+			return fmt.Errorf("descriptors[%d]: %d entries: at most %d", i, len(d.Entries), MaxEntries)
+		}
+		for j, e := range d.Entries {
+			switch {
+			case e == nil:
+				return fmt.Errorf("descriptors[%d].entries[%d] is null", i, j)
+			case e.GetKey() == "":
+				return fmt.Errorf("descriptors[%d].entries[%d]: key must not be empty", i, j)
+			case len(e.GetKey()) > MaxKeyBytes:
+				return fmt.Errorf("descriptors[%d].entries[%d]: key longer than %d bytes", i, j, MaxKeyBytes)
+			case len(e.GetValue()) > MaxValueBytes:
+				return fmt.Errorf("descriptors[%d].entries[%d]: value longer than %d bytes", i, j, MaxValueBytes)
+			}
+		}
+		if o := d.GetLimit(); o != nil {
+			u := o.GetUnit()
+			if u == typev3.RateLimitUnit_UNKNOWN || descriptors.Unit(u).Seconds() == 0 || u > typev3.RateLimitUnit_YEAR {
+				return fmt.Errorf("descriptors[%d].limit: unit %v: want SECOND, MINUTE, HOUR, DAY, MONTH or YEAR", i, u)
+			}
+			if m := o.GetUnitMultiplier(); m != nil && m.GetValue() == 0 {
+				return fmt.Errorf("descriptors[%d].limit: unit_multiplier must be > 0", i)
+			}
+			l := descriptors.NewLimit("", o.GetRequestsPerUnit(), descriptors.Unit(u), o.GetUnitMultiplier().GetValue(), 0)
+			if err := l.GCRA.Validate(); err != nil {
+				return fmt.Errorf("descriptors[%d].limit: %v", i, err)
+			}
+		}
+	}
+	return nil
+}

@@ -51,6 +51,7 @@ type serveConfig struct {
 	tlsClientCA     string
 	shutdownDelay   time.Duration
 	shutdownTimeout time.Duration
+	redis           *redisConfig
 }
 
 func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) {
@@ -60,7 +61,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.StringVar(&c.config, "config", "", "rule file or directory of *.yaml/*.yml rule files (default: the embedded example rules)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (RateLimitService, health, reflection)")
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "HTTP listen address (/healthz, /readyz, POST /json); keep it off the public network")
-	fs.StringVar(&c.backend, "backend", "memory", "where limit state lives: memory")
+	fs.StringVar(&c.backend, "backend", "memory", "where limit state lives: memory (this process only) or redis (shared by every replica)")
 	fs.IntVar(&c.memoryMaxKeys, "memory-max-keys", 1_000_000, "memory backend: keys kept before the least recently used is forgotten")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
@@ -74,6 +75,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.StringVar(&c.tlsClientCA, "grpc-tls-client-ca", "", "PEM CA bundle: require and verify client certificates (mTLS)")
 	fs.DurationVar(&c.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, report NOT_SERVING this long before draining, so load balancers stop sending")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls get to finish")
+	c.redis = redisFlags(fs)
 	if err := parseFlags(fs, args, env); err != nil {
 		return c, err
 	}
@@ -105,12 +107,14 @@ func loadRules(path string) (*descriptors.RuleSet, error) {
 	return descriptors.Load(path)
 }
 
-func newBackend(c serveConfig) (backend.Backend, error) {
+func newBackend(ctx context.Context, c serveConfig, log *slog.Logger) (backend.Backend, error) {
 	switch c.backend {
 	case "memory":
 		return backend.NewMemory(backend.MemoryOptions{MaxKeys: c.memoryMaxKeys})
+	case "redis":
+		return newRedisBackend(ctx, c.redis, log)
 	}
-	return nil, fmt.Errorf("--backend %q: want memory", c.backend)
+	return nil, fmt.Errorf("--backend %q: want memory or redis", c.backend)
 }
 
 func grpcCredentials(c serveConfig) (grpc.ServerOption, error) {
@@ -156,7 +160,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("loading rules: %w", err)
 	}
-	be, err := newBackend(c)
+	be, err := newBackend(ctx, c, log)
 	if err != nil {
 		return err
 	}

@@ -183,7 +183,11 @@ func (b *builder) level(ds []api.Descriptor, nodes []*yaml.Node, share []string,
 		}
 		switch {
 		case d.Key == "":
-			b.errorf(line, "descriptor %s: key must not be empty", nonEmpty(here, "at "+path))
+			where := "at the top level"
+			if path != "" {
+				where = "under " + strings.TrimSuffix(path, "/")
+			}
+			b.errorf(line, "descriptor #%d %s: key must not be empty", i+1, where)
 			continue
 		case len(d.Key) > MaxKeyBytes:
 			b.errorf(line, "descriptor %s: key longer than %d bytes", here, MaxKeyBytes)
@@ -233,13 +237,6 @@ func (b *builder) level(ds []api.Descriptor, nodes []*yaml.Node, share []string,
 	return lv
 }
 
-func nonEmpty(s, alt string) string {
-	if s == "" {
-		return alt
-	}
-	return s
-}
-
 // rule validates a node's limits and options; it returns nil for a node without a limit.
 func (b *builder) rule(d *api.Descriptor, n *yaml.Node, path string, share []string, info *DomainInfo) *Rule {
 	if d.FailureMode != "" && !slices.Contains(FailureModes, d.FailureMode) {
@@ -274,7 +271,7 @@ func (b *builder) rule(d *api.Descriptor, n *yaml.Node, path string, share []str
 		Domain: b.domain, Path: path,
 		ShadowMode: d.ShadowMode, QuotaMode: d.QuotaMode, DetailedMetric: d.DetailedMetric,
 		ValueToMetric: d.ValueToMetric, Metadata: d.Metadata, FailureMode: d.FailureMode,
-		Source: fmt.Sprintf("%s:%d", b.name, n.Line),
+		Source: fmt.Sprintf("%s:%d", b.name, lineOf(n, "")),
 	}
 	if slices.ContainsFunc(share, func(s string) bool { return s != "" }) {
 		r.Share = share
@@ -318,7 +315,7 @@ func (b *builder) rule(d *api.Descriptor, n *yaml.Node, path string, share []str
 		}
 		lim := NewLimit(rl.Name, rl.RequestsPerUnit, unit, mult, burst)
 		if err := lim.GCRA.Validate(); err != nil {
-			b.errorf(ln.Line, "%s: %v", where, err)
+			b.errorf(lineOf(ln, ""), "%s: %v", where, err)
 			continue
 		}
 		for _, rep := range rl.Replaces {

@@ -51,6 +51,7 @@ type serveConfig struct {
 	tlsClientCA     string
 	shutdownDelay   time.Duration
 	shutdownTimeout time.Duration
+	failureMode     string
 	redis           *redisConfig
 }
 
@@ -62,6 +63,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (RateLimitService, health, reflection)")
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "HTTP listen address (/healthz, /readyz, POST /json); keep it off the public network")
 	fs.StringVar(&c.backend, "backend", "memory", "where limit state lives: memory (this process only) or redis (shared by every replica)")
+	fs.StringVar(&c.failureMode, "failure-mode", "error", "answer when the backend fails, for rules without failure_mode: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow (OK), deny (OVER_LIMIT) or local (decide in this process's memory)")
 	fs.IntVar(&c.memoryMaxKeys, "memory-max-keys", 1_000_000, "memory backend: keys kept before the least recently used is forgotten")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
@@ -165,7 +167,16 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		return err
 	}
 	defer be.Close()
-	svc, err := service.New(rules, service.Options{Backend: be, Logger: log, Headers: headers})
+	failure, err := service.ParseFailureMode(c.failureMode)
+	if err != nil {
+		return fmt.Errorf("--failure-mode: %w", err)
+	}
+	// The local fallback exists whatever the default, since any rule may ask for it.
+	local, err := backend.NewMemory(backend.MemoryOptions{MaxKeys: c.memoryMaxKeys})
+	if err != nil {
+		return err
+	}
+	svc, err := service.New(rules, service.Options{Backend: be, Logger: log, Headers: headers, FailureMode: failure, Local: local})
 	if err != nil {
 		return err
 	}
@@ -230,7 +241,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	}
 	ready.Store(true)
 	log.Info("rls serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "backend", c.backend,
-		"rules", rulesSource(c.config), "domains", len(rules.Domains), "tls", creds != nil)
+		"failure_mode", failure.String(), "rules", rulesSource(c.config), "domains", len(rules.Domains), "tls", creds != nil)
 
 	var serveErr error
 	select {

@@ -38,6 +38,10 @@ type Options struct {
 	Backend backend.Backend
 	Logger  *slog.Logger // default slog.Default()
 	Headers HeaderMode
+	// FailureMode is the answer when Backend fails, for rules without their own failure_mode.
+	FailureMode FailureMode
+	// Local decides for FailLocal; it must be set when any rule or the default uses it.
+	Local backend.Backend
 }
 
 // Service implements RateLimitServiceServer. It is safe for concurrent use; its rules can be
@@ -48,7 +52,10 @@ type Service struct {
 	backend backend.Backend
 	log     *slog.Logger
 	headers HeaderMode
-	pool    sync.Pool // *work
+	failure FailureMode
+	// localBackend decides when the backend fails and the failure mode is FailLocal.
+	localBackend backend.Backend
+	pool         sync.Pool // *work
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
@@ -61,7 +68,10 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
-	s := &Service{backend: opts.Backend, log: opts.Logger, headers: opts.Headers}
+	if opts.FailureMode == FailLocal && opts.Local == nil {
+		return nil, errors.New("service: failure mode local needs a local backend")
+	}
+	s := &Service{backend: opts.Backend, log: opts.Logger, headers: opts.Headers, failure: opts.FailureMode, localBackend: opts.Local}
 	s.rules.Store(rules)
 	s.pool.New = func() any { return new(work) }
 	return s, nil
@@ -85,6 +95,10 @@ type work struct {
 	out     []backend.Decision
 	keys    []byte
 	keyEnd  []int
+	// for decideFailed
+	local     []int
+	localReqs []backend.Request
+	localOut  []backend.Decision
 }
 
 // ShouldRateLimit implements RateLimitServiceServer.
@@ -171,8 +185,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		var err error
 		admitted, err = s.backend.Decide(ctx, w.reqs, w.out)
 		if err != nil {
-			s.log.LogAttrs(ctx, slog.LevelWarn, "backend failed", slog.String("domain", domain), slog.Any("err", err))
-			return nil, status.Error(codes.Unavailable, "rate limit backend unavailable: "+err.Error())
+			s.log.LogAttrs(ctx, slog.LevelDebug, "backend failed", slog.String("domain", domain), slog.Any("err", err))
+			var ok bool
+			if admitted, ok = s.decideFailed(ctx, w); !ok {
+				return nil, status.Error(codes.Unavailable, "rate limit backend unavailable: "+err.Error())
+			}
 		}
 	}
 	return s.response(req, w, admitted), nil

@@ -1,0 +1,104 @@
+package service
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/descriptors"
+)
+
+// FailureMode is what rls answers for a descriptor when its backend fails (down, timed out,
+// circuit open).
+type FailureMode uint8
+
+const (
+	// FailError answers gRPC UNAVAILABLE, so Envoy's own failure_mode_deny decides.
+	FailError FailureMode = iota
+	// FailAllow answers OK.
+	FailAllow
+	// FailDeny answers OVER_LIMIT.
+	FailDeny
+	// FailLocal decides with this process's memory backend, from the same rules: each replica
+	// then enforces the limit on its own.
+	FailLocal
+)
+
+// ParseFailureMode parses "error", "allow", "deny" or "local" (the values of a rule's
+// failure_mode, see descriptors.FailureModes).
+func ParseFailureMode(s string) (FailureMode, error) {
+	switch s {
+	case "error":
+		return FailError, nil
+	case "allow":
+		return FailAllow, nil
+	case "deny":
+		return FailDeny, nil
+	case "local":
+		return FailLocal, nil
+	}
+	return FailError, fmt.Errorf("failure mode %q: want error, allow, deny or local", s)
+}
+
+func (m FailureMode) String() string {
+	return [...]string{"error", "allow", "deny", "local"}[m]
+}
+
+// failureModeOf returns the failure mode for descriptor i: its rule's, else the default.
+func (s *Service) failureModeOf(r *descriptors.Rule) FailureMode {
+	if r != nil && r.FailureMode != "" {
+		if m, err := ParseFailureMode(r.FailureMode); err == nil {
+			return m
+		}
+	}
+	return s.failure
+}
+
+// decideFailed answers a batch whose backend failed, following each descriptor's failure mode.
+// It reports ok=false when any descriptor's mode is FailError: the whole request then fails.
+func (s *Service) decideFailed(ctx context.Context, w *work) (admitted, ok bool) {
+	local := w.local[:0]
+	denied := false
+	for k := range w.reqs {
+		switch s.failureModeOf(w.rules[w.owner[k]]) {
+		case FailError:
+			return false, false
+		case FailAllow:
+			w.out[k] = backend.Decision{Allowed: true, Remaining: w.reqs[k].Limit.Burst}
+		case FailDeny:
+			retry := time.Duration(0)
+			if l := w.reqs[k].Limit; l.Rate > 0 {
+				retry = l.Period / time.Duration(l.Rate)
+			}
+			w.out[k] = backend.Decision{RetryAfter: max(retry, time.Second), ResetAfter: w.reqs[k].Limit.Period}
+			denied = denied || w.reqs[k].Mode == backend.Enforce
+		case FailLocal:
+			local = append(local, k)
+		}
+	}
+	w.local = local
+	if len(local) > 0 {
+		if s.localBackend == nil {
+			return false, false
+		}
+		reqs := w.localReqs[:0]
+		for _, k := range local {
+			r := w.reqs[k]
+			if denied {
+				r.Cost = 0 // the request is denied anyway: check, don't charge
+			}
+			reqs = append(reqs, r)
+		}
+		w.localReqs = reqs
+		out := append(w.localOut[:0], make([]backend.Decision, len(reqs))...)
+		w.localOut = out
+		if _, err := s.localBackend.Decide(ctx, reqs, out); err != nil {
+			return false, false
+		}
+		for i, k := range local {
+			w.out[k] = out[i]
+		}
+	}
+	return backend.Admitted(w.reqs, w.out), true
+}

@@ -181,27 +181,10 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		return err
 	}
 
-	opts := []grpc.ServerOption{
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.keepaliveMin, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(
-			func(ctx context.Context, p any) error {
-				log.ErrorContext(ctx, "panic in gRPC handler", "panic", p)
-				return status.Error(codes.Internal, "internal error")
-			}))),
-	}
-	if c.maxConnAge > 0 {
-		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionAge: c.maxConnAge, MaxConnectionAgeGrace: c.maxConnAgeGrace,
-		}))
-	}
-	creds, err := grpcCredentials(c)
+	gs, err := newGRPCServer(c, log)
 	if err != nil {
 		return err
 	}
-	if creds != nil {
-		opts = append(opts, creds)
-	}
-	gs := grpc.NewServer(opts...)
 	rlsv3.RegisterRateLimitServiceServer(gs, svc)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
@@ -241,7 +224,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	}
 	ready.Store(true)
 	log.Info("rls serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "backend", c.backend,
-		"failure_mode", failure.String(), "rules", rulesSource(c.config), "domains", len(rules.Domains), "tls", creds != nil)
+		"failure_mode", failure.String(), "rules", rulesSource(c.config), "domains", len(rules.Domains), "tls", c.tlsCert != "")
 
 	var serveErr error
 	select {
@@ -271,6 +254,33 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	}
 	log.Info("stopped")
 	return nil
+}
+
+// newGRPCServer returns the gRPC server with the settings Envoy needs: keepalive pings accepted
+// every --grpc-keepalive-min-time even without streams, a maximum connection age, optional
+// (m)TLS, and panics answered INTERNAL instead of killing the process.
+func newGRPCServer(c serveConfig, log *slog.Logger) (*grpc.Server, error) {
+	opts := []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.keepaliveMin, PermitWithoutStream: true}),
+		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(
+			func(ctx context.Context, p any) error {
+				log.ErrorContext(ctx, "panic in gRPC handler", "panic", p)
+				return status.Error(codes.Internal, "internal error")
+			}))),
+	}
+	if c.maxConnAge > 0 {
+		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{
+			MaxConnectionAge: c.maxConnAge, MaxConnectionAgeGrace: c.maxConnAgeGrace,
+		}))
+	}
+	creds, err := grpcCredentials(c)
+	if err != nil {
+		return nil, err
+	}
+	if creds != nil {
+		opts = append(opts, creds)
+	}
+	return grpc.NewServer(opts...), nil
 }
 
 func rulesSource(path string) string {

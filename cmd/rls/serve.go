@@ -53,6 +53,7 @@ type serveConfig struct {
 	shutdownTimeout time.Duration
 	failureMode     string
 	redis           *redisConfig
+	reload          *reloadConfig
 }
 
 func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) {
@@ -78,6 +79,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.DurationVar(&c.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, report NOT_SERVING this long before draining, so load balancers stop sending")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls get to finish")
 	c.redis = redisFlags(fs)
+	c.reload = reloadFlags(fs)
 	if err := parseFlags(fs, args, env); err != nil {
 		return c, err
 	}
@@ -178,6 +180,25 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	}
 	svc, err := service.New(rules, service.Options{Backend: be, Logger: log, Headers: headers, FailureMode: failure, Local: local})
 	if err != nil {
+		return err
+	}
+
+	// apply swaps in a freshly loaded rule set, whole or not at all.
+	apply := func() error {
+		rs, err := loadRules(c.config)
+		if err != nil {
+			log.Error("rules rejected; the running rules stay in force", "rules", rulesSource(c.config), "err", err)
+			return err
+		}
+		svc.SetRules(rs)
+		// A cached denial was computed under the old limits; state itself is clamped per key.
+		if p, ok := be.(interface{ PurgeLocalCache() }); ok {
+			p.PurgeLocalCache()
+		}
+		log.Info("rules loaded", "rules", rulesSource(c.config), "domains", len(rs.Domains), "files", len(rs.Files))
+		return nil
+	}
+	if err := startReload(ctx, c.reload, c.config, apply, log); err != nil {
 		return err
 	}
 

@@ -121,7 +121,7 @@ func TestPanicAnswersInternal(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gs, err := newGRPCServer(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	gs, err := newGRPCServer(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,13 +11,17 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"os"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
@@ -52,6 +56,9 @@ type serveConfig struct {
 	shutdownDelay   time.Duration
 	shutdownTimeout time.Duration
 	failureMode     string
+	nearLimitRatio  float64
+	debug           bool
+	env             []string
 	redis           *redisConfig
 	reload          *reloadConfig
 }
@@ -65,6 +72,8 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "HTTP listen address (/healthz, /readyz, POST /json); keep it off the public network")
 	fs.StringVar(&c.backend, "backend", "memory", "where limit state lives: memory (this process only) or redis (shared by every replica)")
 	fs.StringVar(&c.failureMode, "failure-mode", "error", "answer when the backend fails, for rules without failure_mode: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow (OK), deny (OVER_LIMIT) or local (decide in this process's memory)")
+	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", 0.8, "an admitted decision that leaves at least this share of the burst used counts as near_limit in metrics (0 disables)")
+	fs.BoolVar(&c.debug, "debug", false, "serve Go's pprof under /debug/pprof/ on the HTTP listener")
 	fs.IntVar(&c.memoryMaxKeys, "memory-max-keys", 1_000_000, "memory backend: keys kept before the least recently used is forgotten")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
@@ -86,6 +95,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
+	c.env = env
 	return c, nil
 }
 
@@ -160,25 +170,44 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("--response-headers: %w", err)
 	}
+	failure, err := service.ParseFailureMode(c.failureMode)
+	if err != nil {
+		return fmt.Errorf("--failure-mode: %w", err)
+	}
+	if c.nearLimitRatio < 0 || c.nearLimitRatio > 1 {
+		return fmt.Errorf("--near-limit-ratio %v: want a value in [0, 1]", c.nearLimitRatio)
+	}
 	rules, err := loadRules(c.config)
 	if err != nil {
 		return fmt.Errorf("loading rules: %w", err)
+	}
+	tracing, err := setupTracing(ctx, c.env, log)
+	if err != nil {
+		return err
+	}
+	defer tracing.shutdown()
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := service.NewMetrics(reg, c.nearLimitRatio)
+	if err != nil {
+		return err
 	}
 	be, err := newBackend(ctx, c, log)
 	if err != nil {
 		return err
 	}
 	defer be.Close()
-	failure, err := service.ParseFailureMode(c.failureMode)
-	if err != nil {
-		return fmt.Errorf("--failure-mode: %w", err)
-	}
+	registerBackendMetrics(reg, be)
 	// The local fallback exists whatever the default, since any rule may ask for it.
 	local, err := backend.NewMemory(backend.MemoryOptions{MaxKeys: c.memoryMaxKeys})
 	if err != nil {
 		return err
 	}
-	svc, err := service.New(rules, service.Options{Backend: be, Logger: log, Headers: headers, FailureMode: failure, Local: local})
+	svc, err := service.New(rules, service.Options{
+		Backend: be, Logger: log, Headers: headers, FailureMode: failure, Local: local,
+		Metrics: metrics, Tracer: tracing.tracer,
+	})
 	if err != nil {
 		return err
 	}
@@ -187,6 +216,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	apply := func() error {
 		rs, err := loadRules(c.config)
 		if err != nil {
+			svc.RulesRejected()
 			log.Error("rules rejected; the running rules stay in force", "rules", rulesSource(c.config), "err", err)
 			return err
 		}
@@ -195,14 +225,19 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		if p, ok := be.(interface{ PurgeLocalCache() }); ok {
 			p.PurgeLocalCache()
 		}
-		log.Info("rules loaded", "rules", rulesSource(c.config), "domains", len(rs.Domains), "files", len(rs.Files))
+		gen, _ := svc.Generation()
+		log.Info("rules loaded", "rules", rulesSource(c.config), "generation", gen, "domains", len(rs.Domains), "files", len(rs.Files))
 		return nil
 	}
 	if err := startReload(ctx, c.reload, c.config, apply, log); err != nil {
 		return err
 	}
 
-	gs, err := newGRPCServer(c, log)
+	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+		grpcprom.WithHistogramBuckets([]float64{.0001, .00025, .0005, .001, .0025, .005, .01, .02, .05, .1, .5})))
+	reg.MustRegister(grpcMetrics)
+	extra := tracing.serverOptions()
+	gs, err := newGRPCServer(c, log, []grpc.UnaryServerInterceptor{grpcMetrics.UnaryServerInterceptor()}, extra...)
 	if err != nil {
 		return err
 	}
@@ -212,18 +247,23 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	if c.reflection {
 		reflection.Register(gs)
 	}
-	var ready atomic.Bool
+	grpcMetrics.InitializeMetrics(gs)
+	st := newReadiness(hs, failure, log)
 
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !ready.Load() {
-			http.Error(w, "not ready", http.StatusServiceUnavailable)
-			return
-		}
-		io.WriteString(w, "ready\n")
-	})
+	mux.Handle("GET /readyz", st)
 	mux.Handle("/json", svc.JSONHandler())
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	mux.Handle("GET /debug/rules", svc.RulesHandler())
+	mux.Handle("/debug/explain", svc.ExplainHandler())
+	if c.debug {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
 
 	var lc net.ListenConfig
@@ -240,12 +280,17 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	go func() { errc <- gs.Serve(gl) }()
 	go func() { errc <- hsrv.Serve(hl) }()
 
-	for _, name := range healthServices {
-		hs.SetServingStatus(name, healthpb.HealthCheckResponse_SERVING)
+	healthy := func() bool { return true }
+	if h, ok := be.(interface{ Healthy() bool }); ok {
+		healthy = h.Healthy
 	}
-	ready.Store(true)
+	st.start(healthy())
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	defer stopWatch()
+	go st.watch(watchCtx, healthy, 250*time.Millisecond)
 	log.Info("rls serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "backend", c.backend,
-		"failure_mode", failure.String(), "rules", rulesSource(c.config), "domains", len(rules.Domains), "tls", c.tlsCert != "")
+		"failure_mode", failure.String(), "rules", rulesSource(c.config), "domains", len(rules.Domains),
+		"tls", c.tlsCert != "", "tracing", tracing.tracer != nil, "debug", c.debug)
 
 	var serveErr error
 	select {
@@ -253,8 +298,8 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	case serveErr = <-errc:
 	}
 	// Health flips first, so load balancers and Envoy's health checks stop sending; then drain.
-	ready.Store(false)
-	hs.Shutdown()
+	stopWatch()
+	st.stop()
 	log.Info("shutting down", "delay", c.shutdownDelay, "timeout", c.shutdownTimeout)
 	if serveErr == nil && c.shutdownDelay > 0 {
 		time.Sleep(c.shutdownDelay)
@@ -280,15 +325,17 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 // newGRPCServer returns the gRPC server with the settings Envoy needs: keepalive pings accepted
 // every --grpc-keepalive-min-time even without streams, a maximum connection age, optional
 // (m)TLS, and panics answered INTERNAL instead of killing the process.
-func newGRPCServer(c serveConfig, log *slog.Logger) (*grpc.Server, error) {
-	opts := []grpc.ServerOption{
+// interceptors run outside the panic recovery, in order; extra are further server options.
+func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnaryServerInterceptor, extra ...grpc.ServerOption) (*grpc.Server, error) {
+	interceptors = append(interceptors, recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(
+		func(ctx context.Context, p any) error {
+			log.ErrorContext(ctx, "panic in gRPC handler", "panic", p)
+			return status.Error(codes.Internal, "internal error")
+		})))
+	opts := append([]grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.keepaliveMin, PermitWithoutStream: true}),
-		grpc.ChainUnaryInterceptor(recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(
-			func(ctx context.Context, p any) error {
-				log.ErrorContext(ctx, "panic in gRPC handler", "panic", p)
-				return status.Error(codes.Internal, "internal error")
-			}))),
-	}
+		grpc.ChainUnaryInterceptor(interceptors...),
+	}, extra...)
 	if c.maxConnAge > 0 {
 		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{
 			MaxConnectionAge: c.maxConnAge, MaxConnectionAgeGrace: c.maxConnAgeGrace,

@@ -238,3 +238,35 @@ func BenchmarkMatch(b *testing.B) {
 		}
 	}
 }
+
+func TestExplain(t *testing.T) {
+	rs := mustParse(t, map[string]string{"d.yaml": matchRules})
+	tests := []struct {
+		name    string
+		domain  string
+		entries []Entry
+		path    string
+		reason  string
+	}{
+		{"match", "d", entries("api_key", "k", "path", "/v1/x"), "api_key/path=/v1/*", ""},
+		{"unknown domain", "x", entries("api_key", "k"), "", `domain "x" has no rules`},
+		{"miss", "d", entries("api_key", "k", "nope", "v"), "", `no rule matches entry 1 (key "nope") under api_key`},
+		{"too deep", "d", entries("open", "o", "x", "y"), "", "the request is deeper than the rules: open has no children to match entry 1 (x)"},
+		{"allow-listed", "d", entries("api_key", "k", "path", "/admin"), "", "api_key/path=/admin has no rate_limit: allow-listed"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			r, reason := rs.Explain(tc.domain, tc.entries)
+			got := ""
+			if r != nil {
+				got = r.Path
+			}
+			if got != tc.path || reason != tc.reason {
+				t.Fatalf("got (%q, %q), want (%q, %q)", got, reason, tc.path, tc.reason)
+			}
+			if m := rs.Match(tc.domain, tc.entries); m != r {
+				t.Fatalf("Explain and Match disagree: %v vs %v", r, m)
+			}
+		})
+	}
+}

@@ -1,6 +1,7 @@
 package descriptors
 
 import (
+	"fmt"
 	"strings"
 	"time"
 
@@ -201,4 +202,60 @@ func globMatch(segs []string, v string) bool {
 		v = v[i+len(s):]
 	}
 	return true
+}
+
+// Explain matches like Match and also says, when no rule applies, why: the domain is unknown,
+// an entry matched no node (naming it), the request is deeper than the tree, or the matched node
+// has no limit (it allow-lists). It allocates; it is for debugging, not the hot path.
+func (rs *RuleSet) Explain(domain string, entries []Entry) (*Rule, string) {
+	if len(entries) == 0 {
+		return nil, "the descriptor has no entries"
+	}
+	lv, ok := rs.domains[domain]
+	if !ok {
+		return nil, fmt.Sprintf("domain %q has no rules", domain)
+	}
+	path := ""
+	for i, e := range entries {
+		if lv == nil {
+			return nil, fmt.Sprintf("the request is deeper than the rules: %s has no children to match entry %d (%s)", path, i, e.Key)
+		}
+		kn := lv.byKey[e.Key]
+		var nd *node
+		var via string
+		if kn != nil {
+			if nd = kn.exact[e.Value]; nd != nil {
+				via = e.Key + "=" + e.Value
+			} else {
+				for _, w := range kn.wild {
+					if globMatch(w.segs, e.Value) {
+						nd, via = w.node, e.Key+"="+strings.Join(w.segs, "*")
+						break
+					}
+				}
+			}
+			if nd == nil && kn.def != nil {
+				nd, via = kn.def, e.Key
+			}
+		}
+		if nd == nil {
+			where := "at the top level"
+			if path != "" {
+				where = "under " + path
+			}
+			return nil, fmt.Sprintf("no rule matches entry %d (key %q) %s", i, e.Key, where)
+		}
+		if path != "" {
+			path += "/"
+		}
+		path += via
+		if i == len(entries)-1 {
+			if nd.rule == nil {
+				return nil, fmt.Sprintf("%s has no rate_limit: allow-listed", path)
+			}
+			return nd.rule, ""
+		}
+		lv = nd.children
+	}
+	return nil, ""
 }

@@ -60,8 +60,11 @@ func (s *Service) failureModeOf(r *descriptors.Rule) FailureMode {
 func (s *Service) decideFailed(ctx context.Context, w *work) (admitted, ok bool) {
 	local := w.local[:0]
 	denied := false
+	w.via = w.via[:0]
 	for k := range w.reqs {
-		switch s.failureModeOf(w.rules[w.owner[k]]) {
+		mode := s.failureModeOf(w.rules[w.owner[k]])
+		w.via = append(w.via, mode)
+		switch mode {
 		case FailError:
 			return false, false
 		case FailAllow:

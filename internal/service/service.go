@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -18,6 +19,10 @@ import (
 	"google.golang.org/protobuf/types/known/durationpb"
 	"google.golang.org/protobuf/types/known/structpb"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"go.opentelemetry.io/otel/attribute"
+	otelcodes "go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
@@ -42,6 +47,10 @@ type Options struct {
 	FailureMode FailureMode
 	// Local decides for FailLocal; it must be set when any rule or the default uses it.
 	Local backend.Backend
+	// Metrics, when set, records decisions, hits and backend latency.
+	Metrics *Metrics
+	// Tracer, when set, wraps each backend call in a span.
+	Tracer trace.Tracer
 }
 
 // Service implements RateLimitServiceServer. It is safe for concurrent use; its rules can be
@@ -55,7 +64,13 @@ type Service struct {
 	failure FailureMode
 	// localBackend decides when the backend fails and the failure mode is FailLocal.
 	localBackend backend.Backend
+	metrics      *Metrics
+	tracer       trace.Tracer
 	pool         sync.Pool // *work
+
+	mu         sync.Mutex // serializes SetRules
+	generation atomic.Uint64
+	loadedAt   atomic.Int64 // unix nanoseconds
 }
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
@@ -71,14 +86,36 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 	if opts.FailureMode == FailLocal && opts.Local == nil {
 		return nil, errors.New("service: failure mode local needs a local backend")
 	}
-	s := &Service{backend: opts.Backend, log: opts.Logger, headers: opts.Headers, failure: opts.FailureMode, localBackend: opts.Local}
-	s.rules.Store(rules)
+	if rules == nil {
+		return nil, errors.New("service: no rules")
+	}
+	s := &Service{backend: opts.Backend, log: opts.Logger, headers: opts.Headers, failure: opts.FailureMode,
+		localBackend: opts.Local, metrics: opts.Metrics, tracer: opts.Tracer}
 	s.pool.New = func() any { return new(work) }
+	s.SetRules(rules)
 	return s, nil
 }
 
-// SetRules swaps the rule set atomically.
-func (s *Service) SetRules(rs *descriptors.RuleSet) { s.rules.Store(rs) }
+// SetRules swaps the rule set atomically: a request sees the old set or the new one, whole.
+func (s *Service) SetRules(rs *descriptors.RuleSet) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.metrics.reset()
+	s.rules.Store(rs)
+	now := time.Now()
+	gen := s.generation.Add(1)
+	s.loadedAt.Store(now.UnixNano())
+	s.metrics.ConfigLoad(true, gen, now)
+}
+
+// RulesRejected records a rule set that failed to load; the rules in force stay.
+func (s *Service) RulesRejected() { s.metrics.ConfigLoad(false, 0, time.Time{}) }
+
+// Generation returns the generation of the rules in force (1 for the first set) and when they
+// were loaded.
+func (s *Service) Generation() (uint64, time.Time) {
+	return s.generation.Load(), time.Unix(0, s.loadedAt.Load())
+}
 
 // Rules returns the rule set in force.
 func (s *Service) Rules() *descriptors.RuleSet { return s.rules.Load() }
@@ -92,6 +129,8 @@ type work struct {
 	reqs    []backend.Request
 	owner   []int                // per backend request: its descriptor
 	lims    []*descriptors.Limit // per backend request: its limit
+	via     []FailureMode        // per backend request: how a failed backend was answered
+	failed  bool                 // the backend failed; via holds the answers
 	out     []backend.Decision
 	keys    []byte
 	keyEnd  []int
@@ -183,11 +222,14 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		w.out = append(w.out[:0], make([]backend.Decision, len(w.reqs))...)
 		var err error
-		admitted, err = s.backend.Decide(ctx, w.reqs, w.out)
+		admitted, err = s.decide(ctx, w)
 		if err != nil {
 			s.log.LogAttrs(ctx, slog.LevelDebug, "backend failed", slog.String("domain", domain), slog.Any("err", err))
+			s.metrics.backendError(err)
+			w.failed = true
 			var ok bool
 			if admitted, ok = s.decideFailed(ctx, w); !ok {
+				s.recordFailedRequest(req, w)
 				return nil, status.Error(codes.Unavailable, "rate limit backend unavailable: "+err.Error())
 			}
 		}
@@ -209,6 +251,8 @@ func (w *work) reset(n int) {
 	w.reqs = w.reqs[:0]
 	w.owner = w.owner[:0]
 	w.lims = w.lims[:0]
+	w.via = w.via[:0]
+	w.failed = false
 	w.keys = w.keys[:0]
 	w.keyEnd = w.keyEnd[:0]
 	w.limits = append(w.limits[:0], make([][]descriptors.Limit, n)...)
@@ -239,6 +283,33 @@ func appendField(b []byte, s string) []byte {
 	b = strconv.AppendInt(b, int64(len(s)), 10)
 	b = append(b, ':')
 	return append(b, s...)
+}
+
+// decide calls the backend, timed and traced.
+func (s *Service) decide(ctx context.Context, w *work) (bool, error) {
+	if s.tracer != nil {
+		var span trace.Span
+		ctx, span = s.tracer.Start(ctx, "rls.backend.Decide", trace.WithAttributes(attribute.Int("rls.keys", len(w.reqs))))
+		defer span.End()
+		admitted, err := s.timedDecide(ctx, w)
+		if err != nil {
+			span.RecordError(err)
+			span.SetStatus(otelcodes.Error, "backend failed")
+		}
+		span.SetAttributes(attribute.Bool("rls.admitted", admitted))
+		return admitted, err
+	}
+	return s.timedDecide(ctx, w)
+}
+
+func (s *Service) timedDecide(ctx context.Context, w *work) (bool, error) {
+	if s.metrics == nil {
+		return s.backend.Decide(ctx, w.reqs, w.out)
+	}
+	start := time.Now()
+	admitted, err := s.backend.Decide(ctx, w.reqs, w.out)
+	s.metrics.latency.Observe(time.Since(start).Seconds())
+	return admitted, err
 }
 
 // response builds the answer: one status per request descriptor, in order.
@@ -293,6 +364,9 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 			}
 		}
 		st.DurationUntilReset = durationpb.New(wait)
+		if s.metrics != nil {
+			s.record(req.Descriptors[i], r, w, best)
+		}
 		if r != nil && r.QuotaMode {
 			quotaSeen = true
 			if !d.Allowed {

@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	semconv "go.opentelemetry.io/otel/semconv/v1.40.0"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/grpc"
+
+	"github.com/rls-project/rls/internal/backend"
+)
+
+// tracingSetup is the OpenTelemetry tracing in force; its zero value is tracing off.
+type tracingSetup struct {
+	tracer   trace.Tracer // nil when off
+	provider *sdktrace.TracerProvider
+}
+
+// tracingEnabled reports whether the standard OTEL_* variables ask for trace export: an OTLP
+// endpoint is set, or OTEL_TRACES_EXPORTER is otlp. OTEL_TRACES_EXPORTER=none and
+// OTEL_SDK_DISABLED=true turn it off.
+func tracingEnabled(env map[string]string) bool {
+	if strings.EqualFold(env["OTEL_SDK_DISABLED"], "true") {
+		return false
+	}
+	switch strings.ToLower(env["OTEL_TRACES_EXPORTER"]) {
+	case "none":
+		return false
+	case "otlp":
+		return true
+	}
+	return env["OTEL_EXPORTER_OTLP_ENDPOINT"] != "" || env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] != ""
+}
+
+func envMap(env []string) map[string]string {
+	m := map[string]string{}
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			m[k] = v
+		}
+	}
+	return m
+}
+
+// setupTracing starts OTLP trace export when the environment asks for it. The exporter reads
+// the rest of its settings (endpoint, headers, TLS, sampler) from the standard OTEL_* variables;
+// OTEL_EXPORTER_OTLP_PROTOCOL picks grpc or http/protobuf (the default).
+func setupTracing(ctx context.Context, env []string, log *slog.Logger) (tracingSetup, error) {
+	vars := envMap(env)
+	if !tracingEnabled(vars) {
+		return tracingSetup{}, nil
+	}
+	proto := vars["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]
+	if proto == "" {
+		proto = vars["OTEL_EXPORTER_OTLP_PROTOCOL"]
+	}
+	var client otlptrace.Client
+	switch proto {
+	case "", "http/protobuf":
+		client = otlptracehttp.NewClient()
+	case "grpc":
+		client = otlptracegrpc.NewClient()
+	default:
+		return tracingSetup{}, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL %q: want grpc or http/protobuf", proto)
+	}
+	exp, err := otlptrace.New(ctx, client)
+	if err != nil {
+		return tracingSetup{}, fmt.Errorf("tracing: %w", err)
+	}
+	attrs := resource.Default()
+	if vars["OTEL_SERVICE_NAME"] == "" {
+		attrs, _ = resource.Merge(attrs, resource.NewSchemaless(semconv.ServiceName("rls")))
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(attrs))
+	otel.SetTracerProvider(tp)
+	// Envoy's OpenTelemetry tracer sends W3C traceparent; rls continues that trace.
+	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
+	log.Info("tracing on: exporting spans over OTLP", "protocol", cmpString(proto, "http/protobuf"))
+	return tracingSetup{tracer: tp.Tracer("github.com/rls-project/rls"), provider: tp}, nil
+}
+
+func cmpString(s, def string) string {
+	if s == "" {
+		return def
+	}
+	return s
+}
+
+// serverOptions instruments the gRPC server with otelgrpc when tracing is on.
+func (t tracingSetup) serverOptions() []grpc.ServerOption {
+	if t.provider == nil {
+		return nil
+	}
+	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(t.provider)))}
+}
+
+// shutdown flushes spans not yet exported.
+func (t tracingSetup) shutdown() {
+	if t.provider == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_ = t.provider.Shutdown(ctx)
+}
+
+// registerBackendMetrics exposes what a backend reports about itself, when it does.
+func registerBackendMetrics(reg prometheus.Registerer, be backend.Backend) {
+	if h, ok := be.(interface{ Healthy() bool }); ok {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rls_backend_up",
+			Help: "1 while the backend answers, 0 while it is unavailable (circuit open).",
+		}, func() float64 {
+			if h.Healthy() {
+				return 1
+			}
+			return 0
+		}))
+	}
+	if c, ok := be.(interface{ LocalCacheHits() uint64 }); ok {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_local_cache_hits_total",
+			Help: "Decisions answered from the local over-limit cache, without a backend round trip.",
+		}, func() float64 { return float64(c.LocalCacheHits()) }))
+	}
+}

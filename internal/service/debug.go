@@ -1,0 +1,203 @@
+package service
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/descriptors"
+)
+
+type limitJSON struct {
+	Name            string   `json:"name,omitempty"`
+	RequestsPerUnit uint32   `json:"requests_per_unit"`
+	Unit            string   `json:"unit"`
+	UnitMultiplier  uint32   `json:"unit_multiplier"`
+	Burst           uint32   `json:"burst"`
+	Replaces        []string `json:"replaces,omitempty"`
+}
+
+func toLimitJSON(l *descriptors.Limit) limitJSON {
+	return limitJSON{Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit.String(), UnitMultiplier: l.UnitMultiplier, Burst: l.Burst, Replaces: l.Replaces}
+}
+
+type ruleJSON struct {
+	Path        string         `json:"path"`
+	Source      string         `json:"source"`
+	Limits      []limitJSON    `json:"limits,omitempty"`
+	Unlimited   bool           `json:"unlimited,omitempty"`
+	ShadowMode  bool           `json:"shadow_mode,omitempty"`
+	QuotaMode   bool           `json:"quota_mode,omitempty"`
+	FailureMode string         `json:"failure_mode,omitempty"`
+	Metadata    map[string]any `json:"metadata,omitempty"`
+}
+
+func toRuleJSON(r *descriptors.Rule) *ruleJSON {
+	if r == nil {
+		return nil
+	}
+	j := &ruleJSON{Path: r.Path, Source: r.Source, Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, QuotaMode: r.QuotaMode, FailureMode: r.FailureMode, Metadata: r.Metadata}
+	for i := range r.Limits {
+		j.Limits = append(j.Limits, toLimitJSON(&r.Limits[i]))
+	}
+	return j
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}
+
+// RulesHandler serves GET /debug/rules: the rules in force, their generation, files and every
+// rule with its limits and where it is defined.
+func (s *Service) RulesHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		rs := s.Rules()
+		gen, at := s.Generation()
+		type domainJSON struct {
+			Name  string      `json:"name"`
+			File  string      `json:"file"`
+			Rules []*ruleJSON `json:"rules"`
+		}
+		out := struct {
+			Generation uint64       `json:"generation"`
+			LoadedAt   time.Time    `json:"loaded_at"`
+			Files      []string     `json:"files"`
+			Domains    []domainJSON `json:"domains"`
+		}{Generation: gen, LoadedAt: at.UTC(), Files: rs.Files}
+		for _, d := range rs.Domains {
+			dj := domainJSON{Name: d.Name, File: d.File, Rules: []*ruleJSON{}}
+			for _, r := range d.Rules {
+				dj.Rules = append(dj.Rules, toRuleJSON(r))
+			}
+			out.Domains = append(out.Domains, dj)
+		}
+		writeJSON(w, http.StatusOK, out)
+	})
+}
+
+type explainLimit struct {
+	limitJSON
+	BackendKey string `json:"backend_key"`
+	Replaced   bool   `json:"replaced,omitempty"`
+	Remaining  *int64 `json:"remaining,omitempty"`
+	ResetAfter string `json:"reset_after,omitempty"`
+	Error      string `json:"error,omitempty"`
+}
+
+type explainDescriptor struct {
+	Entries  []descriptors.Entry `json:"entries"`
+	Rule     *ruleJSON           `json:"rule"`
+	Override bool                `json:"override,omitempty"`
+	Reason   string              `json:"reason,omitempty"`
+	Limits   []explainLimit      `json:"limits,omitempty"`
+}
+
+// ExplainHandler serves POST /debug/explain: a RateLimitRequest in protobuf JSON in; out, per
+// descriptor, the rule matched (or why none), its limits, their backend keys and current state
+// (remaining, time to a full burst). It charges nothing.
+func (s *Service) ExplainHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			w.Header().Set("Allow", http.MethodPost)
+			http.Error(w, "use POST with a JSON RateLimitRequest", http.StatusMethodNotAllowed)
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+		if err != nil {
+			http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		var req rlsv3.RateLimitRequest
+		if err := protojson.Unmarshal(body, &req); err != nil {
+			http.Error(w, "invalid RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
+			return
+		}
+		if err := validate(&req); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		writeJSON(w, http.StatusOK, s.explain(r, &req))
+	})
+}
+
+func (s *Service) explain(r *http.Request, req *rlsv3.RateLimitRequest) any {
+	rs := s.Rules()
+	gen, _ := s.Generation()
+	var wk work
+	wk.reset(len(req.Descriptors))
+	out := make([]explainDescriptor, len(req.Descriptors))
+	var replaced []string
+	for i, d := range req.Descriptors {
+		es := make([]descriptors.Entry, len(d.Entries))
+		for j, e := range d.Entries {
+			es[j] = descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		}
+		out[i].Entries = es
+		if o := d.GetLimit(); o != nil {
+			mult := o.GetUnitMultiplier().GetValue()
+			wk.over[i] = descriptors.NewLimit("", o.GetRequestsPerUnit(), descriptors.Unit(o.GetUnit()), mult, 0)
+			wk.limits[i] = wk.over[i : i+1]
+			out[i].Override = true
+			continue
+		}
+		rule, reason := rs.Explain(req.GetDomain(), es)
+		out[i].Rule, out[i].Reason = toRuleJSON(rule), reason
+		if rule != nil {
+			wk.rules[i] = rule
+			wk.limits[i] = rule.Limits
+			if rule.Unlimited {
+				out[i].Reason = "unlimited"
+			}
+		}
+		for _, l := range wk.limits[i] {
+			replaced = append(replaced, l.Replaces...)
+		}
+	}
+	var reqs []backend.Request
+	var at [][2]int // (descriptor, limit) of each request
+	for i, d := range req.Descriptors {
+		var share []string
+		if wk.rules[i] != nil {
+			share = wk.rules[i].Share
+		}
+		for j := range wk.limits[i] {
+			l := &wk.limits[i][j]
+			start := len(wk.keys)
+			wk.appendKey(req.GetDomain(), d.Entries, share, j)
+			el := explainLimit{limitJSON: toLimitJSON(l), BackendKey: string(wk.keys[start:]), Replaced: l.Name != "" && contains(replaced, l.Name)}
+			out[i].Limits = append(out[i].Limits, el)
+			if !el.Replaced {
+				reqs = append(reqs, backend.Request{Key: el.BackendKey, Limit: l.GCRA, Cost: 0, Mode: backend.Shadow})
+				at = append(at, [2]int{i, j})
+			}
+		}
+	}
+	if len(reqs) > 0 {
+		decs := make([]backend.Decision, len(reqs))
+		_, err := s.backend.Decide(r.Context(), reqs, decs)
+		for k, ij := range at {
+			el := &out[ij[0]].Limits[ij[1]]
+			if err != nil {
+				el.Error = err.Error()
+				continue
+			}
+			rem := decs[k].Remaining
+			el.Remaining = &rem
+			el.ResetAfter = decs[k].ResetAfter.String()
+		}
+	}
+	return struct {
+		Domain      string              `json:"domain"`
+		Generation  uint64              `json:"generation"`
+		Descriptors []explainDescriptor `json:"descriptors"`
+	}{req.GetDomain(), gen, out}
+}

@@ -1,0 +1,64 @@
+package redis
+
+import (
+	"time"
+
+	lru "github.com/hashicorp/golang-lru/v2"
+
+	"github.com/rls-project/rls/internal/backend"
+)
+
+// denial is what the local cache keeps of a request Redis denied: under GCRA only time admits
+// that key again for that cost or more, so until then the answer is known without asking.
+type denial struct {
+	limit     backend.Limit
+	cost      int64
+	until     time.Time // process clock: when the request was sent plus its RetryAfter
+	reset     time.Time
+	remaining int64
+}
+
+// denials is the local over-limit cache, keyed by the key as the service names it. It is safe
+// for concurrent use.
+type denials struct{ c *lru.Cache[string, denial] }
+
+func newDenials(size int) (*denials, error) {
+	c, err := lru.New[string, denial](size)
+	if err != nil {
+		return nil, err
+	}
+	return &denials{c}, nil
+}
+
+// lookup returns the decision for r at now when the cache knows it is denied. A refund, another
+// limit (rules changed) or a smaller cost (which may be admitted sooner) is not known.
+func (d *denials) lookup(r *backend.Request, now time.Time) (backend.Decision, bool) {
+	if r.Refund {
+		return backend.Decision{}, false
+	}
+	e, ok := d.c.Get(r.Key)
+	if !ok || e.limit != r.Limit || r.Cost < e.cost || !now.Before(e.until) {
+		return backend.Decision{}, false
+	}
+	return backend.Decision{
+		Remaining:  e.remaining,
+		RetryAfter: ceilMicro(e.until.Sub(now)),
+		ResetAfter: ceilMicro(max(e.reset.Sub(now), 0)),
+	}, true
+}
+
+// learn records what Redis answered for r, asked at sent.
+func (d *denials) learn(r *backend.Request, dec backend.Decision, sent time.Time) {
+	switch {
+	case r.Refund:
+		// A refund can admit the key sooner than the cached instant.
+		d.c.Remove(r.Key)
+	case !dec.Allowed && dec.RetryAfter > 0:
+		d.c.Add(r.Key, denial{limit: r.Limit, cost: r.Cost, until: sent.Add(dec.RetryAfter),
+			reset: sent.Add(dec.ResetAfter), remaining: dec.Remaining})
+	}
+}
+
+func ceilMicro(d time.Duration) time.Duration {
+	return (d + time.Microsecond - 1).Truncate(time.Microsecond)
+}

@@ -1,0 +1,161 @@
+package redis
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// coalescer gathers the script calls of concurrent Decide calls into pipelines, with no goroutine
+// of its own: while fewer than senders pipelines are in flight a caller sends its calls itself,
+// at once; otherwise it queues. When a pipeline's replies are in, its sender hands whatever
+// has queued meanwhile (up to max script calls) to the first queued caller, which sends it as
+// the next pipeline. A lone caller thus pays nothing, and under load a caller waits at most one
+// round trip to join a pipeline.
+type coalescer struct {
+	b       *Backend
+	max     int
+	senders int
+
+	mu       sync.Mutex
+	inflight int
+	queue    []*pending
+}
+
+// The roles of a pending call.
+const (
+	queued  = iota // waiting in the queue
+	taken          // in a batch that another caller sends
+	leading        // must send batch
+	replied        // its replies are in
+)
+
+// pending is one Decide call's script calls.
+type pending struct {
+	ctx  context.Context
+	cmds []*goredis.Cmd
+	wake chan struct{} // signalled when role becomes leading or replied
+
+	role  int        // guarded by coalescer.mu
+	batch []*pending // when leading
+}
+
+func newCoalescer(b *Backend, max, senders int) *coalescer {
+	return &coalescer{b: b, max: max, senders: senders}
+}
+
+// do sends cmds, alone or with others', and waits for their replies or for ctx. When ctx ends
+// first the replies are left to the sender: the caller must not read cmds then.
+func (c *coalescer) do(ctx context.Context, cmds []*goredis.Cmd) error {
+	p := &pending{ctx: ctx, cmds: cmds, wake: make(chan struct{}, 1)}
+	c.mu.Lock()
+	if c.inflight < c.senders {
+		c.inflight++
+		c.mu.Unlock()
+		c.lead([]*pending{p})
+		return nil
+	}
+	c.queue = append(c.queue, p)
+	c.mu.Unlock()
+	select {
+	case <-p.wake:
+	case <-ctx.Done():
+		c.mu.Lock()
+		switch p.role {
+		case queued:
+			c.queue = remove(c.queue, p)
+			c.mu.Unlock()
+			return ctx.Err()
+		case taken:
+			c.mu.Unlock()
+			return ctx.Err()
+		}
+		c.mu.Unlock()
+		<-p.wake // leading or replied: the role is final and wake was sent
+	}
+	c.mu.Lock()
+	role, batch := p.role, p.batch
+	c.mu.Unlock()
+	if role == leading {
+		if ctx.Err() != nil {
+			// The others in the batch still need it sent; this caller's time is up.
+			go c.lead(batch)
+			return ctx.Err()
+		}
+		c.lead(batch)
+	}
+	return nil
+}
+
+func remove(q []*pending, p *pending) []*pending {
+	for i, x := range q {
+		if x == p {
+			return append(q[:i], q[i+1:]...)
+		}
+	}
+	return q
+}
+
+// lead sends batch and then hands the queue, if any, to the next sender.
+func (c *coalescer) lead(batch []*pending) {
+	c.send(batch)
+	c.mu.Lock()
+	for _, p := range batch {
+		if p.role != leading {
+			p.role = replied
+			p.wake <- struct{}{}
+		}
+	}
+	if len(c.queue) == 0 {
+		c.inflight--
+		c.mu.Unlock()
+		return
+	}
+	n, k := 0, 0
+	for k < len(c.queue) && (k == 0 || n+len(c.queue[k].cmds) <= c.max) {
+		n += len(c.queue[k].cmds)
+		k++
+	}
+	next := append([]*pending(nil), c.queue[:k]...)
+	c.queue = append(c.queue[:0], c.queue[k:]...)
+	for _, p := range next[1:] {
+		p.role = taken
+	}
+	next[0].role, next[0].batch = leading, next
+	next[0].wake <- struct{}{}
+	c.mu.Unlock()
+}
+
+// send runs the batch's live calls in one pipeline, under the latest of their deadlines: one
+// caller's deadline must not fail the calls of the others.
+func (c *coalescer) send(batch []*pending) {
+	var cmds []*goredis.Cmd
+	var live []*pending
+	var deadline time.Time
+	for _, p := range batch {
+		if p.ctx.Err() != nil {
+			continue // its caller has returned
+		}
+		if d, ok := p.ctx.Deadline(); ok && d.After(deadline) {
+			deadline = d
+		}
+		live = append(live, p)
+		cmds = append(cmds, p.cmds...)
+	}
+	if len(cmds) == 0 {
+		return
+	}
+	if deadline.IsZero() {
+		deadline = time.Now().Add(c.b.timeout)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	c.b.exec(ctx, cmds)
+	cancel()
+	k := 0
+	for _, p := range live {
+		// exec replaces the calls it sent again as EVAL.
+		k += copy(p.cmds, cmds[k:k+len(p.cmds)])
+	}
+}

@@ -1,0 +1,752 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/backend/backendtest"
+)
+
+func TestConformance(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  string
+		opts Options
+	}{
+		{"single", singleEnv, Options{}},
+		{"single coalesced", singleEnv, Options{Coalesce: 16}},
+		{"single cached", singleEnv, Options{LocalCacheSize: 100}},
+		{"cluster", clusterEnv, Options{}},
+		{"cluster coalesced cached", clusterEnv, Options{Coalesce: 16, LocalCacheSize: 100}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newTestBackend(t, tc.env, tc.opts)
+			backendtest.Run(t, func(t *testing.T) backend.Backend { return b })
+		})
+	}
+}
+
+// TestSentinel runs the conformance suite through a Sentinel that monitors a Redis started here.
+func TestSentinel(t *testing.T) {
+	r := startOwnRedis(t)
+	target, err := ParseURL("redis-sentinel://" + startSentinel(t, r.addr()) + "/rlsmaster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(context.Background(), Options{Target: target, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if !b.Healthy() {
+		t.Fatal("not healthy through Sentinel")
+	}
+	backendtest.Run(t, func(t *testing.T) backend.Backend { return b })
+	direct := goredis.NewClient(&goredis.Options{Addr: r.addr()})
+	defer direct.Close()
+	if n, err := direct.DBSize(context.Background()).Result(); err != nil || n == 0 {
+		t.Fatalf("the master behind the Sentinel holds %d keys (%v), want the suite's", n, err)
+	}
+}
+
+// randomLimit returns a limit that Validate accepts, drawn across the magnitudes that matter to
+// the arithmetic: rates up to 2^32, periods from 1µs to 100 years, tolerances up to the bound.
+func randomLimit(rng *rand.Rand) backend.Limit {
+	for {
+		var l backend.Limit
+		switch rng.IntN(4) {
+		case 0: // everyday limits
+			l.Rate = 1 + rng.Int64N(1000)
+			l.Period = []time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour}[rng.IntN(4)]
+		case 1: // odd rates and periods: nothing divides evenly
+			l.Rate = 1 + rng.Int64N(1<<20)
+			l.Period = time.Duration(1+rng.Int64N(1<<40)) * time.Microsecond
+		case 2: // extremes
+			l.Rate = []int64{1, 3, 7, 1 << 31, 1<<32 - 1, 1 << 32}[rng.IntN(6)]
+			l.Period = []time.Duration{time.Microsecond, 7 * time.Microsecond, time.Second, 365 * 24 * time.Hour, backend.MaxTolerance}[rng.IntN(5)]
+		default:
+			l.Rate = 1 + rng.Int64N(1<<32)
+			l.Period = time.Duration(1+rng.Int64N(int64(backend.MaxTolerance/time.Microsecond))) * time.Microsecond
+		}
+		switch rng.IntN(3) {
+		case 0:
+			l.Burst = l.Rate
+		case 1:
+			l.Burst = 1 + rng.Int64N(100)
+		default:
+			l.Burst = 1 + rng.Int64N(1<<32)
+		}
+		if l.Validate() == nil {
+			return l
+		}
+	}
+}
+
+// randomState returns a state that some valid limit could have left at or around now.
+func randomState(rng *rand.Rand, now int64, l backend.Limit) backend.State {
+	if rng.IntN(5) == 0 {
+		l = randomLimit(rng) // written under another limit: the clamping paths
+	}
+	if rng.IntN(3) == 0 {
+		// Exactly k emission intervals ahead: the boundaries of every floor and ceiling.
+		s, _ := backend.Decide(backend.State{}, l, now-rng.Int64N(2), 1+rng.Int64N(l.Burst))
+		return s
+	}
+	span := fullSpan(l)
+	var off int64
+	if span > 0 {
+		off = rng.Int64N(2*span+1) - span
+	}
+	return backend.State{TAT: now + off, Frac: rng.Int64N(l.Rate), Rate: l.Rate, Period: int64(l.Period / time.Microsecond)}
+}
+
+// fullSpan is the time a full burst holds, in whole microseconds (rounded down).
+func fullSpan(l backend.Limit) int64 {
+	// Charging a full burst to a fresh key leaves ResetAfter = ceil(full).
+	_, d := backend.Decide(backend.State{}, l, 0, l.Burst)
+	us := int64(d.ResetAfter / time.Microsecond)
+	if us > 0 {
+		us--
+	}
+	return us
+}
+
+func randomCost(rng *rand.Rand, l backend.Limit) int64 {
+	switch rng.IntN(4) {
+	case 0:
+		return 1
+	case 1:
+		return rng.Int64N(min(l.Burst, 10) + 1)
+	case 2:
+		return l.Burst - rng.Int64N(2) + rng.Int64N(3) // around the burst, beyond it too
+	}
+	return rng.Int64N(l.Burst + 2)
+}
+
+func encodeState(s backend.State) string {
+	return fmt.Sprintf("%d %d %d %d", s.TAT, s.Frac, s.Rate, s.Period)
+}
+
+func readState(t *testing.T, rdb goredis.UniversalClient, key string) (backend.State, bool) {
+	t.Helper()
+	v, err := rdb.Get(context.Background(), key).Result()
+	if errors.Is(err, goredis.Nil) {
+		return backend.State{}, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	var s backend.State
+	if _, err := fmt.Sscanf(v, "%d %d %d %d", &s.TAT, &s.Frac, &s.Rate, &s.Period); err != nil {
+		t.Fatalf("stored state %q: %v", v, err)
+	}
+	return s, true
+}
+
+// TestScriptMatchesGo runs the Lua script and backend.Decide/Refund on the same random states,
+// limits and costs at a fixed instant: same decisions, same stored state, and the undo of what
+// was written restores the state exactly.
+func TestScriptMatchesGo(t *testing.T) {
+	b := newTestBackend(t, singleEnv, Options{})
+	now := time.Now().UnixMicro()
+	b.scriptNow = func() int64 { return now }
+	rng := rand.New(rand.NewPCG(1, uint64(now)))
+	t.Logf("seed %d", now)
+	ctx := context.Background()
+	n := 3000
+	if testing.Short() {
+		n = 300
+	}
+	for c := range n {
+		l := randomLimit(rng)
+		var s backend.State
+		hasState := rng.IntN(6) != 0
+		if hasState {
+			s = randomState(rng, now, l)
+		}
+		cost := randomCost(rng, l)
+		refund := rng.IntN(5) == 0
+		key := "eq-" + strconv.Itoa(c)
+		stored := storedKey(b.prefix, key)
+		if hasState {
+			if err := b.rdb.Set(ctx, stored, encodeState(s), time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		req := backend.Request{Key: key, Limit: l, Cost: cost, Refund: refund}
+		var wantS backend.State
+		var want backend.Decision
+		if refund {
+			wantS, want = backend.Refund(s, l, now, cost)
+		} else {
+			wantS, want = backend.Decide(s, l, now, cost)
+		}
+		desc := fmt.Sprintf("case %d: state %+v, limit %+v, cost %d, refund %v", c, s, l, cost, refund)
+
+		j, err := b.plan([]backend.Request{req}, make([]backend.Decision, 1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		j.multi = true // also check the check-only values and the change written, for undo
+		g := j.groups[0]
+		args := g.cmd.Args()
+		args[7] = 1 // evalsha, sha, 1, key, "d", now, quota, multi
+		g.cmd = goredis.NewCmd(ctx, args...)
+		out := make([]backend.Decision, 1)
+		b.exec(ctx, []*goredis.Cmd{g.cmd})
+		if err := g.parse(true, out); err != nil {
+			t.Fatalf("%s: %v", desc, err)
+		}
+		if out[0] != want {
+			t.Fatalf("%s:\n got %+v\nwant %+v", desc, out[0], want)
+		}
+		if g.charged != want.Allowed {
+			t.Fatalf("%s: charged=%v, want %v", desc, g.charged, want.Allowed)
+		}
+		got, ok := readState(t, b.rdb, stored)
+		switch {
+		case !want.Allowed && hasState && (!ok || got != s):
+			t.Fatalf("%s: denied, but the stored state became %+v (present %v)", desc, got, ok)
+		case want.Allowed && wantS.Fresh(now) && ok:
+			t.Fatalf("%s: state fresh after the decision, but stored %+v", desc, got)
+		case want.Allowed && !wantS.Fresh(now) && (!ok || got != wantS):
+			t.Fatalf("%s: stored %+v (present %v), want %+v", desc, got, ok, wantS)
+		}
+		if !want.Allowed {
+			continue
+		}
+		_, check := backend.Decide(s, l, now, 0)
+		if g.check[0] != check.Remaining || time.Duration(g.check[1])*time.Microsecond != check.ResetAfter {
+			t.Fatalf("%s: check-only remaining %d reset %dµs, want %+v", desc, g.check[0], g.check[1], check)
+		}
+		if err := b.undo(ctx, j, []backend.Request{req}); err != nil {
+			t.Fatalf("%s: undo: %v", desc, err)
+		}
+		// Undone, the key holds what it held, as of now under l: what a check of it keeps.
+		restored, _ := backend.Decide(s, l, now, 0)
+		got, ok = readState(t, b.rdb, stored)
+		if restored.Fresh(now) {
+			if ok {
+				t.Fatalf("%s: after undo stored %+v, want the key gone", desc, got)
+			}
+		} else if !ok || got != restored {
+			t.Fatalf("%s: after undo stored %+v (present %v), want %+v", desc, got, ok, restored)
+		}
+	}
+}
+
+// TestBatchesMatchMemory sends the same random batches (repeated keys, every mode, refunds) to
+// the Redis backend and to the memory backend at the same fixed instants: the same decisions and
+// the same admission, on a single node and across Cluster slots (where refusals are undone).
+func TestBatchesMatchMemory(t *testing.T) {
+	for _, tc := range []struct{ name, env string }{{"single", singleEnv}, {"cluster", clusterEnv}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newTestBackend(t, tc.env, Options{})
+			now := time.Now().UnixMicro()
+			b.scriptNow = func() int64 { return now }
+			m, err := backend.NewMemory(backend.MemoryOptions{Now: func() time.Time { return time.UnixMicro(now) }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rng := rand.New(rand.NewPCG(2, uint64(now)))
+			t.Logf("seed %d", now)
+			keys := make([]string, 12)
+			limits := make([]backend.Limit, len(keys))
+			for i := range keys {
+				keys[i] = "batch-" + strconv.Itoa(i)
+				limits[i] = backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8)}
+			}
+			ctx := context.Background()
+			multi := 0
+			for step := range 1500 {
+				now += rng.Int64N(300_000)
+				reqs := make([]backend.Request, 1+rng.IntN(5))
+				for i := range reqs {
+					k := rng.IntN(len(keys))
+					reqs[i] = backend.Request{Key: keys[k], Limit: limits[k], Cost: rng.Int64N(4),
+						Refund: rng.IntN(8) == 0, Mode: backend.Mode(rng.IntN(3))}
+					if rng.IntN(20) == 0 {
+						reqs[i].Limit = backend.Limit{Rate: 0, Period: time.Second}
+					}
+				}
+				want := make([]backend.Decision, len(reqs))
+				got := make([]backend.Decision, len(reqs))
+				wantOK, _ := m.Decide(ctx, reqs, want)
+				gotOK, err := b.Decide(ctx, reqs, got)
+				if err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				if j, _ := b.plan(reqs, make([]backend.Decision, len(reqs))); j.multi {
+					multi++
+				}
+				if gotOK != wantOK || fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("step %d: batch %+v\n got %v %+v\nwant %v %+v", step, reqs, gotOK, got, wantOK, want)
+				}
+			}
+			if tc.env == clusterEnv && multi < 500 {
+				t.Fatalf("only %d batches spanned slots", multi)
+			}
+		})
+	}
+}
+
+// TestClusterCrossSlotConcurrent: batches on two keys on different Cluster nodes, the second
+// with half the first's burst, from 8 clients at once. Exactly the second key's burst is admitted,
+// and the first key keeps exactly what the refused batches took from it.
+func TestClusterCrossSlotConcurrent(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		opts Options
+	}{{"direct", Options{}}, {"coalesced", Options{Coalesce: 16}}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newTestBackend(t, clusterEnv, tc.opts)
+			ctx := context.Background()
+			cc := b.rdb.(*goredis.ClusterClient)
+			// Two keys whose masters differ.
+			var ka, kb string
+			var addrA string
+			for i := 0; kb == ""; i++ {
+				k := "xs-" + strconv.Itoa(i)
+				n, err := cc.MasterForKey(ctx, storedKey(b.prefix, k))
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch {
+				case ka == "":
+					ka, addrA = k, n.Options().Addr
+				case n.Options().Addr != addrA:
+					kb = k
+				}
+			}
+			la := backend.Limit{Rate: 100, Period: time.Hour, Burst: 100}
+			lb := backend.Limit{Rate: 50, Period: time.Hour, Burst: 50}
+			var admitted, denied atomic.Int64
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					for range 40 {
+						out := make([]backend.Decision, 2)
+						ok, err := b.Decide(ctx, []backend.Request{{Key: ka, Limit: la, Cost: 1}, {Key: kb, Limit: lb, Cost: 1}}, out)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if ok {
+							admitted.Add(1)
+						} else {
+							denied.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if admitted.Load() != 50 {
+				t.Fatalf("admitted %d batches (denied %d), want exactly 50", admitted.Load(), denied.Load())
+			}
+			out := make([]backend.Decision, 2)
+			if _, err := b.Decide(ctx, []backend.Request{{Key: ka, Limit: la}, {Key: kb, Limit: lb}}, out); err != nil {
+				t.Fatal(err)
+			}
+			if out[0].Remaining != 50 || out[1].Remaining != 0 {
+				t.Fatalf("after the run: remaining %d on the first key and %d on the second, want 50 and 0", out[0].Remaining, out[1].Remaining)
+			}
+		})
+	}
+}
+
+// TestNoScript: after SCRIPT FLUSH every call still works, direct and pipelined, and the count
+// carries on.
+func TestNoScript(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		env  string
+		opts Options
+	}{
+		{"single", singleEnv, Options{}},
+		{"single coalesced", singleEnv, Options{Coalesce: 8}},
+		{"cluster", clusterEnv, Options{}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newTestBackend(t, tc.env, tc.opts)
+			ctx := context.Background()
+			flush := func() {
+				if c, ok := b.rdb.(*goredis.ClusterClient); ok {
+					if err := c.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error {
+						return n.ScriptFlush(ctx).Err()
+					}); err != nil {
+						t.Fatal(err)
+					}
+					return
+				}
+				if err := b.rdb.ScriptFlush(ctx).Err(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			l := backend.Limit{Rate: 10, Period: time.Hour, Burst: 10}
+			reqs := []backend.Request{{Key: "ns-a", Limit: l, Cost: 1}, {Key: "ns-b", Limit: l, Cost: 1}, {Key: "ns-c", Limit: l, Cost: 1}}
+			for i := range 4 {
+				flush()
+				out := make([]backend.Decision, len(reqs))
+				ok, err := b.Decide(ctx, reqs, out)
+				if err != nil {
+					t.Fatalf("call %d after SCRIPT FLUSH: %v", i, err)
+				}
+				if !ok || out[0].Remaining != int64(9-i) {
+					t.Fatalf("call %d after SCRIPT FLUSH: admitted=%v %+v, want admitted with remaining %d", i, ok, out, 9-i)
+				}
+			}
+		})
+	}
+}
+
+// TestLocalCache: a denied hot key is answered from memory, with no Redis command, until Redis
+// would admit it; a smaller cost, another limit or a refund goes to Redis.
+func TestLocalCache(t *testing.T) {
+	clock := time.Now()
+	var mu sync.Mutex
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
+	b := newTestBackend(t, singleEnv, Options{LocalCacheSize: 10, Now: now})
+	counter := &commandCounter{calls: make(chan string, 1000)}
+	b.rdb.AddHook(counter)
+	ctx := context.Background()
+	l := backend.Limit{Rate: 2, Period: time.Second, Burst: 2} // a slot frees every 500ms
+	decide := func(r backend.Request) backend.Decision {
+		t.Helper()
+		out := make([]backend.Decision, 1)
+		if _, err := b.Decide(ctx, []backend.Request{r}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	hot := backend.Request{Key: "hot", Limit: l, Cost: 2}
+	if d := decide(hot); !d.Allowed {
+		t.Fatalf("first request: %+v, want allowed", d)
+	}
+	first := decide(hot)
+	if first.Allowed {
+		t.Fatalf("second request: %+v, want denied", first)
+	}
+	counter.count()
+	for i := range 100 {
+		if d := decide(hot); d.Allowed || d.RetryAfter <= 0 || d.RetryAfter > first.RetryAfter {
+			t.Fatalf("cached request %d: %+v, want denied within %v", i, d, first.RetryAfter)
+		}
+	}
+	if n := counter.count(); n != 0 {
+		t.Fatalf("100 denied requests on a cached key sent %d Redis commands, want 0", n)
+	}
+	steps := []struct {
+		name  string
+		req   backend.Request
+		calls int
+	}{
+		{"higher cost, cached", backend.Request{Key: "hot", Limit: l, Cost: 3}, 0},
+		{"smaller cost asks Redis", backend.Request{Key: "hot", Limit: l, Cost: 1}, 1},
+		{"another limit asks Redis", backend.Request{Key: "hot", Limit: backend.Limit{Rate: 3, Period: time.Second, Burst: 2}, Cost: 2}, 1},
+		{"a batch with an uncached key asks Redis", backend.Request{Key: "cold", Limit: l, Cost: 1}, 1},
+	}
+	for _, s := range steps {
+		decide(s.req)
+		if n := counter.count(); n != s.calls {
+			t.Fatalf("%s: %d Redis commands, want %d", s.name, n, s.calls)
+		}
+	}
+	// Once Redis would admit the key again, the cache no longer answers.
+	advance(first.RetryAfter)
+	time.Sleep(first.RetryAfter)
+	if d := decide(hot); !d.Allowed {
+		t.Fatalf("after RetryAfter: %+v, want allowed", d)
+	}
+	if n := counter.count(); n != 1 {
+		t.Fatalf("after RetryAfter: %d Redis commands, want 1", n)
+	}
+	// A refund forgets the cached denial.
+	decide(hot)
+	counter.count()
+	decide(backend.Request{Key: "hot", Limit: l, Cost: 2, Refund: true})
+	if d := decide(hot); !d.Allowed {
+		t.Fatalf("after a refund: %+v, want allowed", d)
+	}
+	if n := counter.count(); n != 2 {
+		t.Fatalf("refund and request: %d Redis commands, want 2", n)
+	}
+}
+
+// TestBreaker: with Redis killed every call fails with ErrUnavailable within the timeout, the
+// breaker opens and fails fast; with Redis back (empty) it closes by itself and limits again.
+func TestBreaker(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		coalesce int
+	}{{"direct", 0}, {"coalesced", 16}} {
+		t.Run(tc.name, func(t *testing.T) { testBreaker(t, tc.coalesce) })
+	}
+}
+
+func testBreaker(t *testing.T, coalesce int) {
+	r := startOwnRedis(t)
+	var changes []bool
+	var mu sync.Mutex
+	target, err := ParseURL("redis://" + r.addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(context.Background(), Options{Target: target, Timeout: 200 * time.Millisecond, Coalesce: coalesce,
+		BreakerFailures: 3, BreakerCooldown: 50 * time.Millisecond,
+		OnHealthChange: func(h bool) { mu.Lock(); changes = append(changes, h); mu.Unlock() }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx := context.Background()
+	l := backend.Limit{Rate: 3, Period: time.Hour, Burst: 3}
+	decide := func() (bool, error) {
+		out := make([]backend.Decision, 1)
+		return b.Decide(ctx, []backend.Request{{Key: "k", Limit: l, Cost: 1}}, out)
+	}
+	for range 3 {
+		if ok, err := decide(); !ok || err != nil {
+			t.Fatalf("Redis up: admitted=%v err=%v", ok, err)
+		}
+	}
+	r.kill()
+	for i := range 10 {
+		start := time.Now()
+		_, err := decide()
+		if !errors.Is(err, backend.ErrUnavailable) {
+			t.Fatalf("call %d with Redis down: err %v, want ErrUnavailable", i, err)
+		}
+		if d := time.Since(start); d > 300*time.Millisecond {
+			t.Fatalf("call %d with Redis down took %v, want within the 200ms timeout", i, d)
+		}
+	}
+	if b.Healthy() {
+		t.Fatal("Healthy after 10 failures, want the breaker open")
+	}
+	if _, err := decide(); !errors.Is(err, errOpen) {
+		t.Fatalf("breaker open: err %v, want %v", err, errOpen)
+	}
+	r.start()
+	deadline := time.Now().Add(5 * time.Second)
+	for !b.Healthy() {
+		if time.Now().After(deadline) {
+			t.Fatal("breaker still open 5s after Redis came back")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// Redis came back empty: the key has its full burst again, and is limited again.
+	for i := range 4 {
+		ok, err := decide()
+		if err != nil || ok != (i < 3) {
+			t.Fatalf("request %d after recovery: admitted=%v err=%v, want admitted=%v", i, ok, err, i < 3)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if fmt.Sprint(changes) != "[false true]" {
+		t.Fatalf("health changes %v, want [false true]", changes)
+	}
+}
+
+// TestStalledRedis: a Redis that accepts commands but does not answer (stopped with SIGSTOP)
+// costs each of many concurrent calls its timeout and no more, coalesced or not, leaves no
+// goroutine behind, and once Redis answers again calls succeed.
+func TestStalledRedis(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		coalesce int
+	}{{"direct", 0}, {"coalesced", 4}} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := startOwnRedis(t)
+			target, _ := ParseURL("redis://" + r.addr())
+			const timeout = 50 * time.Millisecond
+			b, err := New(context.Background(), Options{Target: target, Timeout: timeout, Coalesce: tc.coalesce,
+				BreakerFailures: 1 << 20}) // keep calling Redis: the timeouts are under test
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			l := backend.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+			call := func(i int) (time.Duration, error) {
+				start := time.Now()
+				out := make([]backend.Decision, 1)
+				_, err := b.Decide(context.Background(), []backend.Request{{Key: "k" + strconv.Itoa(i), Limit: l, Cost: 1}}, out)
+				return time.Since(start), err
+			}
+			if _, err := call(0); err != nil {
+				t.Fatal(err)
+			}
+			goroutines := runtime.NumGoroutine()
+			if err := r.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			var slow, ok atomic.Int64
+			for g := range 16 {
+				wg.Go(func() {
+					for i := range 5 {
+						took, err := call(g*10 + i)
+						if !errors.Is(err, backend.ErrUnavailable) {
+							ok.Add(1)
+						}
+						if took > timeout+250*time.Millisecond {
+							slow.Add(1)
+						}
+					}
+				})
+			}
+			wg.Wait()
+			if err := r.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+				t.Fatal(err)
+			}
+			if ok.Load() > 0 || slow.Load() > 0 {
+				t.Fatalf("Redis stalled: %d of 80 calls did not fail with ErrUnavailable, %d took longer than %v", ok.Load(), slow.Load(), timeout+250*time.Millisecond)
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				if _, err := call(1000); err == nil {
+					break
+				} else if time.Now().After(deadline) {
+					t.Fatalf("Redis answering again, but: %v", err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			for n := runtime.NumGoroutine(); n > goroutines+2; n = runtime.NumGoroutine() {
+				if time.Now().After(deadline) {
+					t.Fatalf("%d goroutines after the stall, %d before", n, goroutines)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+		})
+	}
+}
+
+func TestStartsWithRedisDown(t *testing.T) {
+	r := startOwnRedis(t)
+	r.kill()
+	target, _ := ParseURL("redis://" + r.addr())
+	b, err := New(context.Background(), Options{Target: target, Timeout: 100 * time.Millisecond, BreakerCooldown: 20 * time.Millisecond})
+	if err != nil {
+		t.Fatalf("New with Redis down: %v, want a backend that waits for Redis", err)
+	}
+	defer b.Close()
+	if b.Healthy() {
+		t.Fatal("Healthy with Redis down")
+	}
+	out := make([]backend.Decision, 1)
+	if _, err := b.Decide(context.Background(), []backend.Request{{Key: "k", Limit: backend.Limit{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1}}, out); !errors.Is(err, backend.ErrUnavailable) {
+		t.Fatalf("Decide with Redis down: %v, want ErrUnavailable", err)
+	}
+	r.start()
+	deadline := time.Now().Add(5 * time.Second)
+	for !b.Healthy() {
+		if time.Now().After(deadline) {
+			t.Fatal("not healthy 5s after Redis started")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestParseURL(t *testing.T) {
+	for _, tc := range []struct {
+		name, url, want string
+		user, pass      string
+		err             string
+	}{
+		{name: "single", url: "redis://127.0.0.1:6379", want: "single 127.0.0.1:6379"},
+		{name: "single db and auth", url: "redis://u:p%40ss@h:1/2", want: "single h:1 db 2", user: "u", pass: "p@ss"},
+		{name: "single tls", url: "rediss://h:6380", want: "single h:6380 tls"},
+		{name: "sentinel", url: "redis-sentinel://u:p@s1:26379,s2/mymaster?db=3&sentinel_password=sp", want: "sentinel s1:26379,s2:26379 master mymaster db 3", user: "u", pass: "p"},
+		{name: "sentinel db in path", url: "rediss-sentinel://s1/m/4", want: "sentinel s1:26379 master m db 4 tls"},
+		{name: "cluster", url: "redis-cluster://a:7000,b:7001,c", want: "cluster a:7000,b:7001,c:6379"},
+		{name: "cluster tls auth", url: "rediss-cluster://:secret@a:7000", want: "cluster a:7000 tls", pass: "secret"},
+		{name: "no scheme", url: "localhost:6379", err: "no scheme"},
+		{name: "unknown scheme", url: "memcached://h", err: `scheme "memcached"`},
+		{name: "sentinel without master", url: "redis-sentinel://s1:26379", err: "master name"},
+		{name: "cluster with db", url: "redis-cluster://a:7000/1", err: "no databases"},
+		{name: "unknown parameter", url: "redis-cluster://a:7000?pool=3", err: `unknown parameter "pool"`},
+		{name: "password hidden in errors", url: "redis-cluster://u:hunter2@a:7000/1", err: "u:xxx@"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseURL(tc.url)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) || strings.Contains(err.Error(), "hunter2") {
+					t.Fatalf("ParseURL(%q) error %v, want one containing %q and no password", tc.url, err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.String() != tc.want || got.Username != tc.user || got.Password != tc.pass {
+				t.Fatalf("ParseURL(%q) = %q user %q pass %q, want %q user %q pass %q", tc.url, got, got.Username, got.Password, tc.want, tc.user, tc.pass)
+			}
+			if strings.Contains(got.String(), "p@ss") || (tc.pass != "" && strings.Contains(got.String(), tc.pass)) {
+				t.Fatalf("String() %q shows the password", got)
+			}
+		})
+	}
+}
+
+func TestStoredKey(t *testing.T) {
+	long := strings.Repeat("v", maxRawKey+1)
+	for _, tc := range []struct{ name, key, want string }{
+		{"plain", "7:example6:api_key3:abc#0", "rls:7:example6:api_key3:abc#0"},
+		{"hash tag neutralised", "3:a{b}", "rls:{}3:a{b}"},
+		{"long", long, "rls:sha256:"},
+		{"looks hashed", "sha256:x", "rls:sha256:"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := storedKey("rls:", tc.key)
+			if !strings.HasPrefix(got, tc.want) || (!strings.HasSuffix(tc.want, ":") && got != tc.want) {
+				t.Fatalf("storedKey(%q) = %q, want %q", tc.key, got, tc.want)
+			}
+			if len(got) > len("rls:")+maxRawKey+2 {
+				t.Fatalf("storedKey(%q) is %d bytes long", tc.key, len(got))
+			}
+		})
+	}
+	if storedKey("", long) == storedKey("", long+"x") || storedKey("", "sha256:x") == storedKey("", "sha256:y") {
+		t.Fatal("distinct long keys stored alike")
+	}
+}
+
+func TestSlot(t *testing.T) {
+	// Values from the Redis Cluster specification and CLUSTER KEYSLOT.
+	for _, tc := range []struct {
+		key  string
+		want int
+	}{
+		{"123456789", 0x31C3 % slotCount},
+		{"foo", 12182},
+		{"bar", 5061},
+	} {
+		if got := slot(tc.key); got != tc.want {
+			t.Errorf("slot(%q) = %d, want %d", tc.key, got, tc.want)
+		}
+	}
+	b := newTestBackend(t, clusterEnv, Options{})
+	for _, key := range []string{"foo", "{user1000}.following", "foo{}{bar}", "{}3:a{b}", "rls:{}x{y}z", "a{b"} {
+		want, err := b.rdb.ClusterKeySlot(context.Background(), key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := slot(key); got != int(want) {
+			t.Errorf("slot(%q) = %d, Redis says %d", key, got, want)
+		}
+	}
+}

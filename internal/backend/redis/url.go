@@ -1,0 +1,226 @@
+package redis
+
+import (
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// Topology is how Redis is deployed.
+type Topology string
+
+// The topologies a URL can name.
+const (
+	Single   Topology = "single"
+	Sentinel Topology = "sentinel"
+	Cluster  Topology = "cluster"
+)
+
+// Target is a parsed Redis URL. Its String hides the password.
+type Target struct {
+	Topology Topology
+	Addrs    []string // host:port of the node, the sentinels or the cluster seed nodes
+	Master   string   // Sentinel: the monitored master's name
+	DB       int
+	TLS      bool
+	Username string
+	Password string
+	// SentinelUsername and SentinelPassword authenticate to the sentinels themselves.
+	SentinelUsername string
+	SentinelPassword string
+	single           *goredis.Options
+}
+
+// String describes t without its passwords.
+func (t Target) String() string {
+	s := fmt.Sprintf("%s %s", t.Topology, strings.Join(t.Addrs, ","))
+	if t.Master != "" {
+		s += " master " + t.Master
+	}
+	if t.DB != 0 {
+		s += fmt.Sprintf(" db %d", t.DB)
+	}
+	if t.TLS {
+		s += " tls"
+	}
+	return s
+}
+
+// ParseURL parses a Redis URL, one scheme per topology:
+//
+//	redis://[user:password@]host:port[/db]                single node (rediss:// with TLS)
+//	redis-sentinel://[user:password@]host:port,host:port/master[/db][?sentinel_username=u&sentinel_password=p]
+//	                                                      Sentinel (rediss-sentinel:// with TLS)
+//	redis-cluster://[user:password@]host:port,host:port   Cluster seed nodes (rediss-cluster:// with TLS)
+//
+// user and password authenticate to the Redis nodes; in redis:// URLs any query parameter of
+// go-redis's ParseURL is accepted too.
+func ParseURL(raw string) (Target, error) {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return Target{}, fmt.Errorf("redis url: %q has no scheme: want redis://, rediss://, redis-sentinel:// or redis-cluster://", redact(raw))
+	}
+	var t Target
+	switch scheme {
+	case "redis", "rediss", "unix":
+		o, err := goredis.ParseURL(raw)
+		if err != nil {
+			return Target{}, fmt.Errorf("redis url %q: %v", redact(raw), err)
+		}
+		return Target{Topology: Single, Addrs: []string{o.Addr}, DB: o.DB, TLS: o.TLSConfig != nil,
+			Username: o.Username, Password: o.Password, single: o}, nil
+	case "redis-sentinel", "rediss-sentinel":
+		t.Topology = Sentinel
+	case "redis-cluster", "rediss-cluster":
+		t.Topology = Cluster
+	default:
+		return Target{}, fmt.Errorf("redis url %q: scheme %q: want redis, rediss, redis-sentinel, rediss-sentinel, redis-cluster or rediss-cluster", redact(raw), scheme)
+	}
+	t.TLS = strings.HasPrefix(scheme, "rediss")
+	rest, query, _ := strings.Cut(rest, "?")
+	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
+		u, err := url.Parse("x://" + rest[:at+1] + "h")
+		if err != nil {
+			return Target{}, fmt.Errorf("redis url %q: user info: %v", redact(raw), err)
+		}
+		t.Username = u.User.Username()
+		t.Password, _ = u.User.Password()
+		rest = rest[at+1:]
+	}
+	hosts, path, _ := strings.Cut(rest, "/")
+	for _, h := range strings.Split(hosts, ",") {
+		if h == "" {
+			return Target{}, fmt.Errorf("redis url %q: empty host", redact(raw))
+		}
+		if !strings.Contains(h, ":") {
+			port := "6379"
+			if t.Topology == Sentinel {
+				port = "26379"
+			}
+			h += ":" + port
+		}
+		t.Addrs = append(t.Addrs, h)
+	}
+	q, err := url.ParseQuery(query)
+	if err != nil {
+		return Target{}, fmt.Errorf("redis url %q: query: %v", redact(raw), err)
+	}
+	var segs []string
+	if path != "" {
+		segs = strings.Split(path, "/")
+	}
+	var errs []error
+	switch t.Topology {
+	case Sentinel:
+		if len(segs) == 0 || segs[0] == "" {
+			return Target{}, fmt.Errorf("redis url %q: want the master name as the path: redis-sentinel://host:26379/mymaster", redact(raw))
+		}
+		t.Master = segs[0]
+		switch len(segs) {
+		case 1:
+		case 2:
+			if t.DB, err = strconv.Atoi(segs[1]); err != nil {
+				errs = append(errs, fmt.Errorf("path %q: want /master or /master/db", path))
+			}
+		default:
+			errs = append(errs, fmt.Errorf("path %q: want /master or /master/db", path))
+		}
+		if v := q.Get("db"); v != "" {
+			if t.DB, err = strconv.Atoi(v); err != nil {
+				errs = append(errs, fmt.Errorf("db %q: want a number", v))
+			}
+		}
+		t.SentinelUsername, t.SentinelPassword = q.Get("sentinel_username"), q.Get("sentinel_password")
+		q.Del("db")
+		q.Del("sentinel_username")
+		q.Del("sentinel_password")
+	case Cluster:
+		if len(segs) > 0 && segs[0] != "" {
+			errs = append(errs, fmt.Errorf("path %q: a Cluster has no databases", path))
+		}
+	}
+	for k := range q {
+		errs = append(errs, fmt.Errorf("unknown parameter %q", k))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Target{}, fmt.Errorf("redis url %q: %w", redact(raw), err)
+	}
+	return t, nil
+}
+
+// redact hides a URL's password.
+func redact(raw string) string {
+	scheme, rest, ok := strings.Cut(raw, "://")
+	if !ok {
+		return raw
+	}
+	at := strings.LastIndexByte(rest, '@')
+	if at < 0 {
+		return raw
+	}
+	user, _, hasPass := strings.Cut(rest[:at], ":")
+	if !hasPass {
+		return raw
+	}
+	return scheme + "://" + user + ":xxx" + rest[at:]
+}
+
+// clientOptions are the connection settings of every topology.
+type clientOptions struct {
+	poolSize    int
+	dialTimeout time.Duration
+	readTimeout time.Duration
+}
+
+// newClient connects to t. Commands are never retried by go-redis: a script whose reply was lost
+// may have run, and running it again would charge twice.
+func newClient(t Target, c clientOptions) goredis.UniversalClient {
+	var tlsConf *tls.Config
+	if t.TLS && len(t.Addrs) > 0 {
+		host := t.Addrs[0]
+		if i := strings.LastIndexByte(host, ':'); i >= 0 {
+			host = host[:i]
+		}
+		tlsConf = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+	}
+	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	switch t.Topology {
+	case Sentinel:
+		return goredis.NewFailoverClient(&goredis.FailoverOptions{
+			MasterName: t.Master, SentinelAddrs: t.Addrs, SentinelUsername: t.SentinelUsername,
+			SentinelPassword: t.SentinelPassword, Username: t.Username, Password: t.Password, DB: t.DB,
+			TLSConfig: tlsConf, PoolSize: c.poolSize, DialTimeout: c.dialTimeout, ReadTimeout: c.readTimeout,
+			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: true, MaxRetries: -1, DisableIdentity: true,
+		})
+	case Cluster:
+		return goredis.NewClusterClient(&goredis.ClusterOptions{
+			Addrs: t.Addrs, Username: t.Username, Password: t.Password, TLSConfig: tlsConf,
+			PoolSize: c.poolSize, DialTimeout: c.dialTimeout, ReadTimeout: c.readTimeout,
+			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: true, MaxRetries: -1, DisableIdentity: true,
+			MaintNotificationsConfig: maint,
+		})
+	}
+	var o *goredis.Options
+	if t.single != nil {
+		cp := *t.single
+		o = &cp
+	} else {
+		o = &goredis.Options{Addr: t.Addrs[0], Username: t.Username, Password: t.Password, DB: t.DB, TLSConfig: tlsConf}
+	}
+	o.PoolSize = c.poolSize
+	o.DialTimeout = c.dialTimeout
+	o.ReadTimeout = c.readTimeout
+	o.WriteTimeout = c.readTimeout
+	o.ContextTimeoutEnabled = true
+	o.MaxRetries = -1
+	o.DisableIdentity = true
+	o.MaintNotificationsConfig = maint
+	return goredis.NewClient(o)
+}

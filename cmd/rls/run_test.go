@@ -151,4 +151,3 @@ func TestEnvName(t *testing.T) {
 		t.Fatal(got)
 	}
 }
-

@@ -229,7 +229,11 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 		log.Info("rules loaded", "rules", rulesSource(c.config), "generation", gen, "domains", len(rs.Domains), "files", len(rs.Files))
 		return nil
 	}
-	if err := startReload(ctx, c.reload, c.config, apply, log); err != nil {
+	// The watcher outlives SIGTERM (which ends ctx) until serve returns: a SIGHUP during the
+	// drain must still reload, not kill the process with the signal's default action.
+	rctx, stopReload := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopReload()
+	if err := startReload(rctx, c.reload, c.config, apply, log); err != nil {
 		return err
 	}
 
@@ -243,7 +247,8 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	}
 	rlsv3.RegisterRateLimitServiceServer(gs, svc)
 	hs := health.NewServer()
-	healthpb.RegisterHealthServer(gs, hs)
+	draining := make(chan struct{})
+	healthpb.RegisterHealthServer(gs, drainingHealth{Server: hs, draining: draining})
 	if c.reflection {
 		reflection.Register(gs)
 	}
@@ -304,6 +309,7 @@ func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
 	if serveErr == nil && c.shutdownDelay > 0 {
 		time.Sleep(c.shutdownDelay)
 	}
+	close(draining)
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
 	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
@@ -357,3 +363,32 @@ func rulesSource(path string) string {
 	}
 	return path
 }
+
+// drainingHealth ends health Watch streams when draining begins: GracefulStop waits for every
+// stream, and a client that watches health (gRPC client-side health checking) never ends its
+// watch itself, so without this every shutdown would last --shutdown-timeout and end forced.
+type drainingHealth struct {
+	*health.Server
+	draining <-chan struct{}
+}
+
+func (h drainingHealth) Watch(req *healthpb.HealthCheckRequest, stream healthpb.Health_WatchServer) error {
+	ctx, cancel := context.WithCancel(stream.Context())
+	defer cancel()
+	go func() {
+		select {
+		case <-h.draining:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return h.Server.Watch(req, &watchStream{Health_WatchServer: stream, ctx: ctx})
+}
+
+// watchStream is a Watch stream whose context also ends when draining begins.
+type watchStream struct {
+	healthpb.Health_WatchServer
+	ctx context.Context
+}
+
+func (s *watchStream) Context() context.Context { return s.ctx }

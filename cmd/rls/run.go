@@ -52,11 +52,14 @@ func envName(name string) string {
 }
 
 // parseFlags parses args into fs; a flag not given on the command line takes its RLS_* variable
-// from env when set. -h prints usage and returns errUsage... as flag.ErrHelp.
+// from env when set. -h prints usage (without testing-only flags) and returns errUsage.
 func parseFlags(fs *flag.FlagSet, args, env []string) error {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of rls %s:\n", fs.Name())
 		fs.VisitAll(func(f *flag.Flag) {
+			if strings.HasPrefix(f.Usage, "testing only") {
+				return
+			}
 			fmt.Fprintf(fs.Output(), "  --%s (%s)\n    \t%s", f.Name, envName(f.Name), f.Usage)
 			if f.DefValue != "" {
 				fmt.Fprintf(fs.Output(), " (default %q)", f.DefValue)

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -71,6 +72,7 @@ type Backend struct {
 	onState func(bool)
 
 	closeOnce sync.Once
+	cacheHits atomic.Uint64
 
 	// scriptNow, when set (tests), is the instant the script decides at instead of Redis TIME.
 	scriptNow func() int64
@@ -209,6 +211,7 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 	out = out[:len(reqs)]
 	sent := b.now()
 	if b.cache != nil && b.fromCache(reqs, out, sent) {
+		b.cacheHits.Add(1)
 		return settle(reqs, out), nil
 	}
 	j, err := b.plan(reqs, out)
@@ -242,6 +245,10 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 	}
 	return admitted, nil
 }
+
+// LocalCacheHits returns how many decisions the local over-limit cache answered without a
+// round trip.
+func (b *Backend) LocalCacheHits() uint64 { return b.cacheHits.Load() }
 
 // fromCache answers the batch when the cache knows every request of it is denied.
 func (b *Backend) fromCache(reqs []backend.Request, out []backend.Decision, now time.Time) bool {

@@ -449,6 +449,9 @@ func TestLocalCache(t *testing.T) {
 	if n := counter.count(); n != 0 {
 		t.Fatalf("100 denied requests on a cached key sent %d Redis commands, want 0", n)
 	}
+	if h := b.LocalCacheHits(); h != 100 {
+		t.Fatalf("LocalCacheHits() = %d after 100 cached answers, want 100", h)
+	}
 	steps := []struct {
 		name  string
 		req   backend.Request

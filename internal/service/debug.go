@@ -2,12 +2,10 @@ package service
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
@@ -106,26 +104,15 @@ type explainDescriptor struct {
 // (remaining, time to a full burst). It charges nothing.
 func (s *Service) ExplainHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			http.Error(w, "use POST with a JSON RateLimitRequest", http.StatusMethodNotAllowed)
+		req, ok := readRequest(w, r)
+		if !ok {
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
-		if err != nil {
-			http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		var req rlsv3.RateLimitRequest
-		if err := protojson.Unmarshal(body, &req); err != nil {
-			http.Error(w, "invalid RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		if err := validate(&req); err != nil {
+		if err := validate(req); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
 		}
-		writeJSON(w, http.StatusOK, s.explain(r, &req))
+		writeJSON(w, http.StatusOK, s.explain(r, req))
 	})
 }
 
@@ -143,8 +130,7 @@ func (s *Service) explain(r *http.Request, req *rlsv3.RateLimitRequest) any {
 		}
 		out[i].Entries = es
 		if o := d.GetLimit(); o != nil {
-			mult := o.GetUnitMultiplier().GetValue()
-			wk.over[i] = descriptors.NewLimit("", o.GetRequestsPerUnit(), descriptors.Unit(o.GetUnit()), mult, 0)
+			wk.over[i] = overrideLimit(o)
 			wk.limits[i] = wk.over[i : i+1]
 			out[i].Override = true
 			continue

@@ -24,22 +24,11 @@ func (s *Service) JSONHandler() http.Handler {
 				http.Error(w, "internal error", http.StatusInternalServerError)
 			}
 		}()
-		if r.Method != http.MethodPost {
-			w.Header().Set("Allow", http.MethodPost)
-			http.Error(w, "use POST with a JSON RateLimitRequest", http.StatusMethodNotAllowed)
+		req, ok := readRequest(w, r)
+		if !ok {
 			return
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
-		if err != nil {
-			http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		var req rlsv3.RateLimitRequest
-		if err := protojson.Unmarshal(body, &req); err != nil {
-			http.Error(w, "invalid RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
-			return
-		}
-		resp, err := s.ShouldRateLimit(r.Context(), &req)
+		resp, err := s.ShouldRateLimit(r.Context(), req)
 		if err != nil {
 			code := http.StatusInternalServerError
 			switch status.Code(err) {
@@ -62,4 +51,25 @@ func (s *Service) JSONHandler() http.Handler {
 		}
 		_, _ = w.Write(out)
 	})
+}
+
+// readRequest reads a POSTed RateLimitRequest in protobuf JSON; when it cannot, it answers the
+// client (405 or 400, with the reason) and reports false.
+func readRequest(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitRequest, bool) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, "use POST with a JSON RateLimitRequest", http.StatusMethodNotAllowed)
+		return nil, false
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	if err != nil {
+		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
+		return nil, false
+	}
+	var req rlsv3.RateLimitRequest
+	if err := protojson.Unmarshal(body, &req); err != nil {
+		http.Error(w, "invalid RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
+		return nil, false
+	}
+	return &req, true
 }

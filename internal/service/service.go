@@ -156,13 +156,8 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	domain := req.GetDomain()
 	for i, d := range req.Descriptors {
-		if d.GetLimit() != nil {
-			o := d.GetLimit()
-			mult := uint32(1)
-			if m := o.GetUnitMultiplier(); m != nil {
-				mult = m.GetValue()
-			}
-			w.over[i] = descriptors.NewLimit("", o.GetRequestsPerUnit(), descriptors.Unit(o.GetUnit()), mult, 0)
+		if o := d.GetLimit(); o != nil {
+			w.over[i] = overrideLimit(o)
 			w.limits[i] = w.over[i : i+1]
 			continue
 		}
@@ -402,6 +397,12 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 	return resp
 }
 
+// overrideLimit is the limit a descriptor's override asks for: its burst is its rate, its
+// multiplier 1 when unset.
+func overrideLimit(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) descriptors.Limit {
+	return descriptors.NewLimit("", o.GetRequestsPerUnit(), descriptors.Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue(), 0)
+}
+
 // validate checks a request's shape; the error says what is wrong.
 func validate(req *rlsv3.RateLimitRequest) error {
 	if req.GetDomain() == "" {
@@ -444,8 +445,7 @@ func validate(req *rlsv3.RateLimitRequest) error {
 			if m := o.GetUnitMultiplier(); m != nil && m.GetValue() == 0 {
 				return fmt.Errorf("descriptors[%d].limit: unit_multiplier must be > 0", i)
 			}
-			l := descriptors.NewLimit("", o.GetRequestsPerUnit(), descriptors.Unit(u), o.GetUnitMultiplier().GetValue(), 0)
-			if err := l.GCRA.Validate(); err != nil {
+			if err := overrideLimit(o).GCRA.Validate(); err != nil {
 				return fmt.Errorf("descriptors[%d].limit: %v", i, err)
 			}
 		}

@@ -111,8 +111,8 @@ func (m HeaderMode) build(statuses []*rlsv3.RateLimitResponse_DescriptorStatus) 
 				policy.WriteString(", ")
 				state.WriteString(", ")
 			}
-			fmt.Fprintf(&policy, "%s;q=%d;w=%d", strconv.Quote(id), l.GetRequestsPerUnit(), windowSeconds(l))
-			fmt.Fprintf(&state, "%s;r=%d;t=%d", strconv.Quote(id), st.GetLimitRemaining(), ceilSeconds(st.GetDurationUntilReset().AsDuration()))
+			fmt.Fprintf(&policy, "%s;q=%d;w=%d", sfString(id), l.GetRequestsPerUnit(), windowSeconds(l))
+			fmt.Fprintf(&state, "%s;r=%d;t=%d", sfString(id), st.GetLimitRemaining(), ceilSeconds(st.GetDurationUntilReset().AsDuration()))
 		}
 	}
 	if minIdx < 0 {
@@ -129,7 +129,7 @@ func (m HeaderMode) build(statuses []*rlsv3.RateLimitResponse_DescriptorStatus) 
 			if l := s.GetCurrentLimit(); l != nil {
 				fmt.Fprintf(&limit, ", %d;w=%d", l.GetRequestsPerUnit(), windowSeconds(l))
 				if l.GetName() != "" {
-					fmt.Fprintf(&limit, ";name=%s", strconv.Quote(l.GetName()))
+					fmt.Fprintf(&limit, ";name=%s", sfString(l.GetName()))
 				}
 			}
 		}
@@ -142,4 +142,24 @@ func (m HeaderMode) build(statuses []*rlsv3.RateLimitResponse_DescriptorStatus) 
 		hs = append(hs, header("Retry-After", strconv.FormatInt(max(ceilSeconds(retry), 1), 10)))
 	}
 	return hs
+}
+
+// sfString renders s as a Structured Field string (RFC 9651): printable ASCII only, with '"'
+// and '\\' escaped; any other byte becomes '?', since a field value cannot carry it.
+func sfString(s string) string {
+	var b strings.Builder
+	b.WriteByte('"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b.WriteByte('\\')
+			b.WriteByte(c)
+		case c < 0x20 || c > 0x7e:
+			b.WriteByte('?')
+		default:
+			b.WriteByte(c)
+		}
+	}
+	b.WriteByte('"')
+	return b.String()
 }

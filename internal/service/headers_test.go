@@ -68,3 +68,16 @@ func TestCeilSeconds(t *testing.T) {
 		}
 	}
 }
+
+func TestSFString(t *testing.T) {
+	tests := map[string]string{
+		"plain":       `"plain"`,
+		`a"b\c`:       `"a\"b\\c"`,
+		"caf\u00e9\n": `"caf???"`, // two UTF-8 bytes and a newline
+	}
+	for in, want := range tests {
+		if got := sfString(in); got != want {
+			t.Errorf("sfString(%q) = %s, want %s", in, got, want)
+		}
+	}
+}

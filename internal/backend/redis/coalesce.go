@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"time"
 
@@ -151,11 +152,96 @@ func (c *coalescer) send(batch []*pending) {
 		deadline = time.Now().Add(c.b.timeout)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	c.b.exec(ctx, cmds)
+	if c.b.cluster || len(cmds) == 1 {
+		c.b.exec(ctx, cmds)
+	} else {
+		c.b.execMerged(ctx, cmds)
+	}
 	cancel()
 	k := 0
 	for _, p := range live {
 		// exec replaces the calls it sent again as EVAL.
 		k += copy(p.cmds, cmds[k:k+len(p.cmds)])
+	}
+}
+
+// execMerged runs the decide calls cmds of a single node as script calls that each decide
+// several of them in order (op "m"), and gives each call its own reply. A script call has a
+// fixed cost in Redis (argument conversion, reply, TIME) that this pays once per run of calls
+// instead of once per call, with the same decisions as calls sent one after another.
+// Consecutive calls are merged when they decide at the same instant (always, but in tests).
+func (b *Backend) execMerged(ctx context.Context, cmds []*goredis.Cmd) {
+	var merged []*goredis.Cmd
+	var runs [][]*goredis.Cmd
+	for i := 0; i < len(cmds); {
+		j := i + 1
+		for j < len(cmds) && decideNow(cmds[j]) == decideNow(cmds[i]) {
+			j++
+		}
+		merged = append(merged, mergeDecides(cmds[i:j]))
+		runs = append(runs, cmds[i:j])
+		i = j
+	}
+	b.exec(ctx, merged)
+	for k, m := range merged {
+		splitReply(m, runs[k])
+	}
+}
+
+// The positions of a decide call's arguments, after its n keys (see plan).
+const (
+	argNow       = 4 // evalsha, sha, n, keys..., "d", now
+	argThreshold = 5
+	argValues    = 7
+)
+
+func decideNow(c *goredis.Cmd) any {
+	a := c.Args()
+	return a[a[2].(int)+argNow]
+}
+
+// mergeDecides returns the script call that decides the calls cmds in order.
+func mergeDecides(cmds []*goredis.Cmd) *goredis.Cmd {
+	if len(cmds) == 1 {
+		return cmds[0]
+	}
+	var keys, batches []any
+	for _, c := range cmds {
+		a := c.Args()
+		n := a[2].(int)
+		keys = append(keys, a[3:3+n]...)
+		batches = append(batches, a[n+argThreshold], a[n+argValues])
+	}
+	args := make([]any, 0, 5+len(keys)+len(batches))
+	args = append(args, "evalsha", script.Hash(), len(keys))
+	args = append(args, keys...)
+	args = append(args, "m", decideNow(cmds[0]))
+	args = append(args, batches...)
+	m := goredis.NewCmd(context.Background(), args...)
+	m.SetFirstKeyPos(3)
+	return m
+}
+
+// splitReply gives each of the calls cmds that m merged its part of m's reply, or m's error.
+func splitReply(m *goredis.Cmd, cmds []*goredis.Cmd) {
+	if len(cmds) == 1 && cmds[0] == m {
+		return
+	}
+	vals, err := m.Slice()
+	if err != nil {
+		for _, c := range cmds {
+			c.SetErr(err)
+		}
+		return
+	}
+	k := 0
+	for _, c := range cmds {
+		w := 1 + 4*c.Args()[2].(int)
+		if k+w > len(vals) {
+			c.SetErr(fmt.Errorf("script reply: %d values for merged calls, want more", len(vals)))
+			continue
+		}
+		c.SetVal(vals[k : k+w])
+		k += w
 	}
 }

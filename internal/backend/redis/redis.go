@@ -3,9 +3,11 @@ package redis
 import (
 	"context"
 	_ "embed"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -408,20 +410,24 @@ func (b *Backend) plan(reqs []backend.Request, out []backend.Decision) (*job, er
 		if j.multi {
 			multi = 1
 		}
-		args := make([]any, 0, 3+len(g.keys)+4+5*len(g.idx))
-		args = append(args, "evalsha", script.Hash(), len(g.keys))
-		for _, k := range g.keys {
-			args = append(args, k)
-		}
-		args = append(args, "d", nowArg, threshold, multi)
+		vals := make([]byte, 0, 40*len(g.idx))
 		for _, i := range g.idx {
 			r := &reqs[i]
 			flags := int64(r.Mode) * 2
 			if r.Refund {
 				flags++
 			}
-			args = append(args, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, r.Cost, flags)
+			// Any cost beyond the burst is denied (or refunds the whole burst) and any below 0
+			// charges nothing, so the clamp changes no result and keeps the double exact.
+			cost := min(max(r.Cost, 0), r.Limit.Burst+1)
+			vals = appendValues(vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, cost, flags)
 		}
+		args := make([]any, 0, 3+len(g.keys)+5)
+		args = append(args, "evalsha", script.Hash(), len(g.keys))
+		for _, k := range g.keys {
+			args = append(args, k)
+		}
+		args = append(args, "d", nowArg, threshold, multi, vals)
 		g.cmd = goredis.NewCmd(context.Background(), args...)
 		g.cmd.SetFirstKeyPos(3)
 	}
@@ -489,6 +495,15 @@ func (b *Backend) decide(ctx context.Context, j *job, reqs []backend.Request, ou
 	return false, b.undo(ctx, j, reqs)
 }
 
+// appendValues appends vals as little-endian doubles, the form in which gcra.lua unpacks its
+// per-key values in one call. Every value is an integer below 2^53, so exact.
+func appendValues(buf []byte, vals ...int64) []byte {
+	for _, v := range vals {
+		buf = binary.LittleEndian.AppendUint64(buf, math.Float64bits(float64(v)))
+	}
+	return buf
+}
+
 // nowArg is the instant the script decides at: 0 for Redis TIME.
 func (b *Backend) nowArg() int64 {
 	if b.scriptNow != nil {
@@ -540,7 +555,7 @@ func (b *Backend) undo(ctx context.Context, j *job, reqs []backend.Request) erro
 		}
 		g.charged = false
 		var keys []string
-		var argv []any
+		var vals []byte
 		for k, i := range g.idx {
 			dus, dfrac := g.delta[2*k], g.delta[2*k+1]
 			if dus == 0 && dfrac == 0 {
@@ -548,18 +563,17 @@ func (b *Backend) undo(ctx context.Context, j *job, reqs []backend.Request) erro
 			}
 			r := &reqs[i]
 			keys = append(keys, g.keys[k])
-			argv = append(argv, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, dus, dfrac)
+			vals = appendValues(vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, dus, dfrac)
 		}
 		if len(keys) == 0 {
 			continue
 		}
-		args := make([]any, 0, 5+len(keys)+len(argv))
+		args := make([]any, 0, 6+len(keys))
 		args = append(args, "evalsha", script.Hash(), len(keys))
 		for _, k := range keys {
 			args = append(args, k)
 		}
-		args = append(args, "u", b.nowArg())
-		args = append(args, argv...)
+		args = append(args, "u", b.nowArg(), vals)
 		c := goredis.NewCmd(context.Background(), args...)
 		c.SetFirstKeyPos(3)
 		cmds = append(cmds, c)

@@ -303,6 +303,83 @@ func TestBatchesMatchMemory(t *testing.T) {
 	}
 }
 
+// TestMergedBatchesMatchMemory merges random batches into one script call, as coalescing does on
+// a single node, and decides them one after another on the memory backend at the same instant:
+// the same decisions and admissions, with keys shared across batches and refused batches
+// between admitted ones, and the same state afterwards for the rounds that follow.
+func TestMergedBatchesMatchMemory(t *testing.T) {
+	b := newTestBackend(t, singleEnv, Options{})
+	now := time.Now().UnixMicro()
+	b.scriptNow = func() int64 { return now }
+	m, err := backend.NewMemory(backend.MemoryOptions{Now: func() time.Time { return time.UnixMicro(now) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, uint64(now)))
+	t.Logf("seed %d", now)
+	keys := make([]string, 6)
+	limits := make([]backend.Limit, len(keys))
+	for i := range keys {
+		keys[i] = "merged-" + strconv.Itoa(i)
+		limits[i] = backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8)}
+	}
+	ctx := context.Background()
+	refusedBetween := 0
+	for round := range 400 {
+		now += rng.Int64N(500_000)
+		type call struct {
+			reqs []backend.Request
+			j    *job
+			out  []backend.Decision
+		}
+		var calls []*call
+		var cmds []*goredis.Cmd
+		for range 2 + rng.IntN(6) {
+			c := &call{reqs: make([]backend.Request, 1+rng.IntN(4))}
+			for i := range c.reqs {
+				k := rng.IntN(len(keys))
+				c.reqs[i] = backend.Request{Key: keys[k], Limit: limits[k], Cost: rng.Int64N(4),
+					Refund: rng.IntN(8) == 0, Mode: backend.Mode(rng.IntN(3))}
+				if rng.IntN(20) == 0 {
+					c.reqs[i].Limit = backend.Limit{Rate: 0, Period: time.Second}
+				}
+			}
+			c.out = make([]backend.Decision, len(c.reqs))
+			if c.j, err = b.plan(c.reqs, c.out); err != nil {
+				t.Fatal(err)
+			}
+			for _, g := range c.j.groups {
+				cmds = append(cmds, g.cmd)
+			}
+			calls = append(calls, c)
+		}
+		b.execMerged(ctx, cmds)
+		for n, c := range calls {
+			want := make([]backend.Decision, len(c.reqs))
+			wantOK, _ := m.Decide(ctx, c.reqs, want)
+			if len(c.j.groups) > 0 {
+				g := c.j.groups[0]
+				if err := g.parse(false, c.out); err != nil {
+					t.Fatalf("round %d batch %d: %v", round, n, err)
+				}
+				if g.charged != wantOK {
+					t.Fatalf("round %d batch %d: charged=%v, want %v", round, n, g.charged, wantOK)
+				}
+			}
+			gotOK := settle(c.reqs, c.out)
+			if gotOK != wantOK || fmt.Sprint(c.out) != fmt.Sprint(want) {
+				t.Fatalf("round %d batch %d: %+v\n got %v %+v\nwant %v %+v", round, n, c.reqs, gotOK, c.out, wantOK, want)
+			}
+			if !wantOK && n > 0 && n < len(calls)-1 {
+				refusedBetween++
+			}
+		}
+	}
+	if refusedBetween < 50 {
+		t.Fatalf("only %d refused batches between others", refusedBetween)
+	}
+}
+
 // TestClusterCrossSlotConcurrent: batches on two keys on different Cluster nodes, the second
 // with half the first's burst, from 8 clients at once. Exactly the second key's burst is admitted,
 // and the first key keeps exactly what the refused batches took from it.

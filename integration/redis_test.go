@@ -3,11 +3,8 @@ package integration
 import (
 	"bufio"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +14,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/rls-project/rls/internal/redistest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
@@ -141,64 +139,6 @@ func oneDesc(d *ratelimitv3.RateLimitDescriptor) []*ratelimitv3.RateLimitDescrip
 	return []*ratelimitv3.RateLimitDescriptor{d}
 }
 
-// ownRedis is a redis-server started by the test itself, so that it can be killed.
-type ownRedis struct {
-	t    *testing.T
-	port int
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func startOwnRedis(t *testing.T) *ownRedis {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatal("redis-server is not installed: run the tests with scripts/test, which installs it (Debian: apt-get install -y redis-server)")
-	}
-	r := &ownRedis{t: t, port: freePort(t), dir: t.TempDir()}
-	r.start()
-	t.Cleanup(r.kill)
-	return r
-}
-
-func (r *ownRedis) url() string { return fmt.Sprintf("redis://127.0.0.1:%d", r.port) }
-
-func (r *ownRedis) start() {
-	r.t.Helper()
-	r.cmd = exec.Command("redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(r.port), "--dir", r.dir,
-		"--save", "", "--appendonly", "no", "--logfile", filepath.Join(r.dir, "redis.log"))
-	if err := r.cmd.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	r.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(r.cmd, r.done)
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", r.port)); err == nil {
-			fmt.Fprint(c, "PING\r\n")
-			line, _ := bufio.NewReader(c).ReadString('\n')
-			c.Close()
-			if strings.HasPrefix(line, "+PONG") {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
-			r.t.Fatalf("redis-server on port %d did not start:\n%s", r.port, log)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-func (r *ownRedis) kill() {
-	if r.cmd == nil {
-		return
-	}
-	r.cmd.Process.Kill()
-	<-r.done
-	r.cmd = nil
-}
-
 // goroutines reads go_goroutines from the process's /metrics.
 func goroutines(t *testing.T, p *rlsProc) int {
 	t.Helper()
@@ -225,7 +165,7 @@ func goroutines(t *testing.T, p *rlsProc) int {
 // process (error: gRPC UNAVAILABLE; allow: OK) within the Redis timeout, no process dies and no
 // goroutines pile up; Redis restarted empty, both recover by themselves and limit again.
 func TestRedisKilledUnderLoad(t *testing.T) {
-	r := startOwnRedis(t)
+	r := redistest.Start(t)
 	rules := writeRules(t, map[string]string{"kill.yaml": `
 domain: kill
 descriptors:
@@ -238,7 +178,7 @@ descriptors:
 	procs := map[string]*rlsProc{}
 	clients := map[string]rlsv3.RateLimitServiceClient{}
 	for _, mode := range []string{"error", "allow"} {
-		p := startRLS(t, nil, "--config", rules, "--backend", "redis", "--redis-url", r.url(),
+		p := startRLS(t, nil, "--config", rules, "--backend", "redis", "--redis-url", r.URL(),
 			"--redis-timeout", timeout.String(), "--failure-mode", mode, "--redis-local-cache-size", "0")
 		procs[mode], clients[mode] = p, p.client(t)
 	}
@@ -300,7 +240,7 @@ descriptors:
 		}
 	}
 	time.Sleep(300 * time.Millisecond)
-	r.kill()
+	r.Kill()
 	killed.Store(true)
 	time.Sleep(1500 * time.Millisecond)
 	close(stop)
@@ -343,7 +283,7 @@ descriptors:
 	}
 
 	// Redis back, empty: both recover by themselves and limit again.
-	r.start()
+	r.Start()
 	deadline := time.Now().Add(15 * time.Second)
 	for n := 0; ; n++ {
 		err := limits("after-" + strconv.Itoa(n))

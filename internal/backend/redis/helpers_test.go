@@ -12,6 +12,7 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+	"github.com/rls-project/rls/internal/redistest"
 )
 
 // redisURL returns the URL in the environment variable name, which scripts/test sets after
@@ -93,77 +94,13 @@ func (c *commandCounter) count() int {
 	}
 }
 
-// ownRedis is a redis-server this test started, so that it can kill and restart it.
-type ownRedis struct {
-	t    testing.TB
-	port int
-	dir  string
-	cmd  *exec.Cmd
-	done chan struct{}
-}
-
-func freePort(t testing.TB) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
-// startOwnRedis starts a redis-server on a free loopback port, stopped when the test ends.
-func startOwnRedis(t testing.TB) *ownRedis {
-	t.Helper()
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		t.Fatalf("redis-server is not installed: run the tests with scripts/test, which installs it (Debian: apt-get install -y redis-server)")
-	}
-	r := &ownRedis{t: t, port: freePort(t), dir: t.TempDir()}
-	r.start()
-	t.Cleanup(r.kill)
-	return r
-}
-
-func (r *ownRedis) addr() string { return "127.0.0.1:" + strconv.Itoa(r.port) }
-
-func (r *ownRedis) start() {
-	r.t.Helper()
-	r.cmd = exec.Command("redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(r.port), "--dir", r.dir,
-		"--save", "", "--appendonly", "no", "--logfile", filepath.Join(r.dir, "redis.log"))
-	if err := r.cmd.Start(); err != nil {
-		r.t.Fatal(err)
-	}
-	r.done = make(chan struct{})
-	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(r.cmd, r.done)
-	c := goredis.NewClient(&goredis.Options{Addr: r.addr(), MaxRetries: -1})
-	defer c.Close()
-	deadline := time.Now().Add(10 * time.Second)
-	for c.Ping(context.Background()).Err() != nil {
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(r.dir, "redis.log"))
-			r.t.Fatalf("redis-server on %s did not start:\n%s", r.addr(), log)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// kill stops the server at once, losing its data.
-func (r *ownRedis) kill() {
-	if r.cmd == nil {
-		return
-	}
-	r.cmd.Process.Kill()
-	<-r.done
-	r.cmd = nil
-}
-
 // startSentinel starts a Redis Sentinel on a free loopback port monitoring master (host:port)
 // under the name "rlsmaster", stopped when the test ends, and returns its address.
 func startSentinel(t testing.TB, master string) string {
 	t.Helper()
 	host, port, _ := net.SplitHostPort(master)
 	dir := t.TempDir()
-	p := freePort(t)
+	p := redistest.FreePort(t)
 	conf := filepath.Join(dir, "sentinel.conf")
 	body := fmt.Sprintf("bind 127.0.0.1\nport %d\ndir %s\nlogfile %s\nsentinel monitor rlsmaster %s %s 1\n",
 		p, dir, filepath.Join(dir, "sentinel.log"), host, port)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/backend/backendtest"
+	"github.com/rls-project/rls/internal/redistest"
 )
 
 func TestConformance(t *testing.T) {
@@ -41,8 +42,8 @@ func TestConformance(t *testing.T) {
 
 // TestSentinel runs the conformance suite through a Sentinel that monitors a Redis started here.
 func TestSentinel(t *testing.T) {
-	r := startOwnRedis(t)
-	target, err := ParseURL("redis-sentinel://" + startSentinel(t, r.addr()) + "/rlsmaster")
+	r := redistest.Start(t)
+	target, err := ParseURL("redis-sentinel://" + startSentinel(t, r.Addr()) + "/rlsmaster")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +56,7 @@ func TestSentinel(t *testing.T) {
 		t.Fatal("not healthy through Sentinel")
 	}
 	backendtest.Run(t, func(t *testing.T) backend.Backend { return b })
-	direct := goredis.NewClient(&goredis.Options{Addr: r.addr()})
+	direct := goredis.NewClient(&goredis.Options{Addr: r.Addr()})
 	defer direct.Close()
 	if n, err := direct.DBSize(context.Background()).Result(); err != nil || n == 0 {
 		t.Fatalf("the master behind the Sentinel holds %d keys (%v), want the suite's", n, err)
@@ -578,10 +579,10 @@ func TestBreaker(t *testing.T) {
 }
 
 func testBreaker(t *testing.T, coalesce int) {
-	r := startOwnRedis(t)
+	r := redistest.Start(t)
 	var changes []bool
 	var mu sync.Mutex
-	target, err := ParseURL("redis://" + r.addr())
+	target, err := ParseURL("redis://" + r.Addr())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -603,7 +604,7 @@ func testBreaker(t *testing.T, coalesce int) {
 			t.Fatalf("Redis up: admitted=%v err=%v", ok, err)
 		}
 	}
-	r.kill()
+	r.Kill()
 	for i := range 10 {
 		start := time.Now()
 		_, err := decide()
@@ -620,7 +621,7 @@ func testBreaker(t *testing.T, coalesce int) {
 	if _, err := decide(); !errors.Is(err, errOpen) {
 		t.Fatalf("breaker open: err %v, want %v", err, errOpen)
 	}
-	r.start()
+	r.Start()
 	deadline := time.Now().Add(5 * time.Second)
 	for !b.Healthy() {
 		if time.Now().After(deadline) {
@@ -651,8 +652,8 @@ func TestStalledRedis(t *testing.T) {
 		coalesce int
 	}{{"direct", 0}, {"coalesced", 4}} {
 		t.Run(tc.name, func(t *testing.T) {
-			r := startOwnRedis(t)
-			target, _ := ParseURL("redis://" + r.addr())
+			r := redistest.Start(t)
+			target, _ := ParseURL("redis://" + r.Addr())
 			const timeout = 50 * time.Millisecond
 			b, err := New(context.Background(), Options{Target: target, Timeout: timeout, Coalesce: tc.coalesce,
 				BreakerFailures: 1 << 20}) // keep calling Redis: the timeouts are under test
@@ -671,7 +672,7 @@ func TestStalledRedis(t *testing.T) {
 				t.Fatal(err)
 			}
 			goroutines := runtime.NumGoroutine()
-			if err := r.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+			if err := r.Signal(syscall.SIGSTOP); err != nil {
 				t.Fatal(err)
 			}
 			var wg sync.WaitGroup
@@ -690,7 +691,7 @@ func TestStalledRedis(t *testing.T) {
 				})
 			}
 			wg.Wait()
-			if err := r.cmd.Process.Signal(syscall.SIGCONT); err != nil {
+			if err := r.Signal(syscall.SIGCONT); err != nil {
 				t.Fatal(err)
 			}
 			if ok.Load() > 0 || slow.Load() > 0 {
@@ -716,9 +717,9 @@ func TestStalledRedis(t *testing.T) {
 }
 
 func TestStartsWithRedisDown(t *testing.T) {
-	r := startOwnRedis(t)
-	r.kill()
-	target, _ := ParseURL("redis://" + r.addr())
+	r := redistest.Start(t)
+	r.Kill()
+	target, _ := ParseURL("redis://" + r.Addr())
 	b, err := New(context.Background(), Options{Target: target, Timeout: 100 * time.Millisecond, BreakerCooldown: 20 * time.Millisecond})
 	if err != nil {
 		t.Fatalf("New with Redis down: %v, want a backend that waits for Redis", err)
@@ -731,7 +732,7 @@ func TestStartsWithRedisDown(t *testing.T) {
 	if _, err := b.Decide(context.Background(), []backend.Request{{Key: "k", Limit: backend.Limit{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1}}, out); !errors.Is(err, backend.ErrUnavailable) {
 		t.Fatalf("Decide with Redis down: %v, want ErrUnavailable", err)
 	}
-	r.start()
+	r.Start()
 	deadline := time.Now().Add(5 * time.Second)
 	for !b.Healthy() {
 		if time.Now().After(deadline) {

@@ -1,0 +1,105 @@
+// Package redistest starts redis-server processes for tests that must kill and restart Redis
+// themselves; the shared Redis and Cluster come from scripts/test.
+package redistest
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// FreePort returns a loopback TCP port that was free a moment ago.
+func FreePort(t testing.TB) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Server is a redis-server on a loopback port, without persistence: Kill loses its data and
+// Start brings it back empty on the same port.
+type Server struct {
+	t    testing.TB
+	port int
+	dir  string
+	cmd  *exec.Cmd
+	done chan struct{}
+}
+
+// Start starts a redis-server on a free loopback port, killed when the test ends. It fails the
+// test, saying how to install it, when redis-server is missing.
+func Start(t testing.TB) *Server {
+	t.Helper()
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		t.Fatal("redis-server is not installed: run the tests with scripts/test, which installs it (Debian: apt-get install -y redis-server)")
+	}
+	s := &Server{t: t, port: FreePort(t), dir: t.TempDir()}
+	s.Start()
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// Addr is host:port.
+func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
+
+// URL is the redis:// URL of the server.
+func (s *Server) URL() string { return "redis://" + s.Addr() }
+
+// Start (re)starts the server and waits until it answers PING.
+func (s *Server) Start() {
+	s.t.Helper()
+	s.cmd = exec.Command("redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(s.port), "--dir", s.dir,
+		"--save", "", "--appendonly", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatal(err)
+	}
+	s.done = make(chan struct{})
+	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(s.cmd, s.done)
+	deadline := time.Now().Add(10 * time.Second)
+	for !s.ping() {
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			s.t.Fatalf("redis-server on %s did not start:\n%s", s.Addr(), log)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func (s *Server) ping() bool {
+	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	fmt.Fprint(c, "PING\r\n")
+	line, _ := bufio.NewReader(c).ReadString('\n')
+	return line == "+PONG\r\n"
+}
+
+// Signal sends sig to the server (SIGSTOP and SIGCONT make it stall and resume).
+func (s *Server) Signal(sig os.Signal) error {
+	if s.cmd == nil {
+		return fmt.Errorf("redis-server on %s is not running", s.Addr())
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
+// Kill stops the server at once, losing its data.
+func (s *Server) Kill() {
+	if s.cmd == nil {
+		return
+	}
+	s.cmd.Process.Kill()
+	<-s.done
+	s.cmd = nil
+}

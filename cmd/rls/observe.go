@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -86,10 +87,30 @@ func setupTracing(ctx context.Context, env []string, log *slog.Logger) (tracingS
 	}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(attrs))
 	otel.SetTracerProvider(tp)
+	otel.SetErrorHandler(throttledErrors(log, time.Minute))
 	// Envoy's OpenTelemetry tracer sends W3C traceparent; rls continues that trace.
 	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	log.Info("tracing on: exporting spans over OTLP", "protocol", cmpString(proto, "http/protobuf"))
 	return tracingSetup{tracer: tp.Tracer("github.com/rls-project/rls"), provider: tp}, nil
+}
+
+// throttledErrors logs OpenTelemetry's errors (a collector that cannot be reached fails every
+// export) at most once per interval, with how many were not logged, instead of one log line per
+// failed batch on the standard logger.
+func throttledErrors(log *slog.Logger, every time.Duration) otel.ErrorHandler {
+	var mu sync.Mutex
+	var last time.Time
+	dropped := 0
+	return otel.ErrorHandlerFunc(func(err error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if now := time.Now(); last.IsZero() || now.Sub(last) >= every {
+			log.Warn("tracing: export failed", "err", err, "since_last_logged", dropped)
+			last, dropped = now, 0
+			return
+		}
+		dropped++
+	})
 }
 
 func cmpString(s, def string) string {

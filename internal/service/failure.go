@@ -68,7 +68,7 @@ func (s *Service) decideFailed(ctx context.Context, w *work) (admitted, ok bool)
 		case FailError:
 			return false, false
 		case FailAllow:
-			w.out[k] = backend.Decision{Allowed: true, Remaining: w.reqs[k].Limit.Burst}
+			w.out[k] = backend.Decision{Allowed: true}
 		case FailDeny:
 			retry := time.Duration(0)
 			if l := w.reqs[k].Limit; l.Rate > 0 {

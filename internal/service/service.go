@@ -342,6 +342,14 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 		if best < 0 {
 			continue
 		}
+		if w.failed && w.via[best] == FailAllow && w.out[best].Allowed {
+			// Admitted without a decision: no limit or remaining to report, so that Envoy's
+			// headers don't promise what nothing counted.
+			if s.metrics != nil {
+				s.record(req.Descriptors[i], r, w, best)
+			}
+			continue
+		}
 		d := w.out[best]
 		lim := w.lims[best]
 		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{

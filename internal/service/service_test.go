@@ -369,6 +369,13 @@ func TestFailureModes(t *testing.T) {
 					}
 				} else {
 					got = codesOf(resp)
+					for j, st := range resp.Statuses {
+						key := tc.ds[j].Entries[0].Key
+						byAllow := key == "fail_allow" || (tc.def == FailAllow && key == "key")
+						if byAllow && st.CurrentLimit != nil {
+							t.Errorf("request %d: status %d answered by failure mode allow reports a limit: %v", i+1, j, st)
+						}
+					}
 				}
 				if got != want {
 					t.Fatalf("request %d: got %s, want %s", i+1, got, want)

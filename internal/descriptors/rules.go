@@ -154,22 +154,7 @@ func (rs *RuleSet) Match(domain string, entries []Entry) *Rule {
 		if lv == nil {
 			return nil
 		}
-		kn := lv.byKey[entries[i].Key]
-		if kn == nil {
-			return nil
-		}
-		nd := kn.exact[entries[i].Value]
-		if nd == nil {
-			for _, w := range kn.wild {
-				if globMatch(w.segs, entries[i].Value) {
-					nd = w.node
-					break
-				}
-			}
-		}
-		if nd == nil {
-			nd = kn.def
-		}
+		nd, _ := lv.byKey[entries[i].Key].find(entries[i].Value)
 		if nd == nil {
 			return nil
 		}
@@ -179,6 +164,30 @@ func (rs *RuleSet) Match(domain string, entries []Entry) *Rule {
 		lv = nd.children
 	}
 	return nil
+}
+
+// How find matched: exactly, by the key's default, or (≥ 0) by that wildcard of keyNodes.wild.
+const (
+	matchExact   = -1
+	matchDefault = -2
+)
+
+// find returns the node that value matches among the nodes of one key, in the reference's
+// order: the exact value, else the first wildcard in file order, else the key's default. A nil
+// kn (an unknown key) matches nothing.
+func (kn *keyNodes) find(value string) (*node, int) {
+	if kn == nil {
+		return nil, matchDefault
+	}
+	if nd := kn.exact[value]; nd != nil {
+		return nd, matchExact
+	}
+	for i, w := range kn.wild {
+		if globMatch(w.segs, value) {
+			return w.node, i
+		}
+	}
+	return kn.def, matchDefault
 }
 
 // HasDomain reports whether the set has rules for domain.
@@ -221,22 +230,13 @@ func (rs *RuleSet) Explain(domain string, entries []Entry) (*Rule, string) {
 			return nil, fmt.Sprintf("the request is deeper than the rules: %s has no children to match entry %d (%s)", path, i, e.Key)
 		}
 		kn := lv.byKey[e.Key]
-		var nd *node
-		var via string
-		if kn != nil {
-			if nd = kn.exact[e.Value]; nd != nil {
-				via = e.Key + "=" + e.Value
-			} else {
-				for _, w := range kn.wild {
-					if globMatch(w.segs, e.Value) {
-						nd, via = w.node, e.Key+"="+strings.Join(w.segs, "*")
-						break
-					}
-				}
-			}
-			if nd == nil && kn.def != nil {
-				nd, via = kn.def, e.Key
-			}
+		nd, how := kn.find(e.Value)
+		via := e.Key
+		switch {
+		case how == matchExact:
+			via += "=" + e.Value
+		case how >= 0:
+			via += "=" + strings.Join(kn.wild[how].segs, "*")
 		}
 		if nd == nil {
 			where := "at the top level"

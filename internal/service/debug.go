@@ -3,6 +3,7 @@ package service
 import (
 	"encoding/json"
 	"net/http"
+	"slices"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -159,7 +160,7 @@ func (s *Service) explain(r *http.Request, req *rlsv3.RateLimitRequest) any {
 			l := &wk.limits[i][j]
 			start := len(wk.keys)
 			wk.appendKey(req.GetDomain(), d.Entries, share, j)
-			el := explainLimit{limitJSON: toLimitJSON(l), BackendKey: string(wk.keys[start:]), Replaced: l.Name != "" && contains(replaced, l.Name)}
+			el := explainLimit{limitJSON: toLimitJSON(l), BackendKey: string(wk.keys[start:]), Replaced: l.Name != "" && slices.Contains(replaced, l.Name)}
 			out[i].Limits = append(out[i].Limits, el)
 			if !el.Replaced {
 				reqs = append(reqs, backend.Request{Key: el.BackendKey, Limit: l.GCRA, Cost: 0, Mode: backend.Shadow})

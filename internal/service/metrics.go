@@ -15,20 +15,23 @@ import (
 	"github.com/rls-project/rls/internal/descriptors"
 )
 
-// Outcomes of a descriptor's decision, the values of rls_decisions_total's outcome label.
+// outcome is a descriptor decision's outcome, an index into outcomes: the values of
+// rls_decisions_total's outcome label.
+type outcome int
+
 const (
-	OutcomeOK           = "ok"
-	OutcomeNearLimit    = "near_limit"
-	OutcomeOverLimit    = "over_limit"
-	OutcomeShadowMode   = "shadow_mode"
-	OutcomeFailureAllow = "failure_allow"
-	OutcomeFailureDeny  = "failure_deny"
-	OutcomeFailureLocal = "failure_local"
-	OutcomeFailureError = "failure_error"
+	outcomeOK outcome = iota
+	outcomeNearLimit
+	outcomeOverLimit
+	outcomeShadowMode
+	outcomeFailureAllow
+	outcomeFailureDeny
+	outcomeFailureLocal
+	outcomeFailureError
 )
 
-var outcomes = []string{OutcomeOK, OutcomeNearLimit, OutcomeOverLimit, OutcomeShadowMode,
-	OutcomeFailureAllow, OutcomeFailureDeny, OutcomeFailureLocal, OutcomeFailureError}
+var outcomes = [...]string{"ok", "near_limit", "over_limit", "shadow_mode",
+	"failure_allow", "failure_deny", "failure_local", "failure_error"}
 
 // Metrics are the service's Prometheus metrics. Labels carry a domain and a rule from the loaded
 // rules, never a request's values, except for rules with detailed_metric or value_to_metric:
@@ -49,7 +52,7 @@ type Metrics struct {
 
 // ruleCounters are one rule's counters, resolved once so the hot path does no label lookup.
 type ruleCounters struct {
-	outcome [8]prometheus.Counter // indexed like outcomes
+	outcome [len(outcomes)]prometheus.Counter
 	hits    prometheus.Counter
 }
 
@@ -176,15 +179,6 @@ func (m *Metrics) reset() {
 	m.mu.Unlock()
 }
 
-func outcomeIndex(o string) int {
-	for i, x := range outcomes {
-		if x == o {
-			return i
-		}
-	}
-	return 0
-}
-
 // backendError counts a failed backend decision by kind.
 func (m *Metrics) backendError(err error) {
 	if m == nil {
@@ -218,34 +212,34 @@ func (s *Service) record(d *ratelimitv3.RateLimitDescriptor, r *descriptors.Rule
 		c = m.counters(r, w.lims[k], domain)
 	}
 	c.hits.Add(float64(w.reqs[k].Cost))
-	c.outcome[outcomeIndex(s.outcome(w, k))].Inc()
+	c.outcome[s.outcome(w, k)].Inc()
 }
 
 // outcome classifies backend request k's decision.
-func (s *Service) outcome(w *work, k int) string {
+func (s *Service) outcome(w *work, k int) outcome {
 	if w.failed {
 		switch w.via[k] {
 		case FailAllow:
-			return OutcomeFailureAllow
+			return outcomeFailureAllow
 		case FailDeny:
-			return OutcomeFailureDeny
+			return outcomeFailureDeny
 		case FailLocal:
-			return OutcomeFailureLocal
+			return outcomeFailureLocal
 		}
-		return OutcomeFailureError
+		return outcomeFailureError
 	}
 	d := w.out[k]
 	switch {
 	case !d.Allowed && w.reqs[k].Mode == backend.Shadow:
-		return OutcomeShadowMode
+		return outcomeShadowMode
 	case !d.Allowed:
-		return OutcomeOverLimit
+		return outcomeOverLimit
 	}
 	burst := w.reqs[k].Limit.Burst
 	if s.metrics.nearRatio > 0 && burst > 0 && float64(burst-d.Remaining) >= s.metrics.nearRatio*float64(burst) {
-		return OutcomeNearLimit
+		return outcomeNearLimit
 	}
-	return OutcomeOK
+	return outcomeOK
 }
 
 // recordFailedRequest counts the descriptors of a request answered UNAVAILABLE.

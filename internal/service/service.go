@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -122,18 +123,19 @@ func (s *Service) Rules() *descriptors.RuleSet { return s.rules.Load() }
 
 // work is one request's scratch space, pooled.
 type work struct {
-	entries []descriptors.Entry
-	limits  [][]descriptors.Limit // per descriptor
-	rules   []*descriptors.Rule   // per descriptor
-	over    []descriptors.Limit   // per descriptor: the override limit
-	reqs    []backend.Request
-	owner   []int                // per backend request: its descriptor
-	lims    []*descriptors.Limit // per backend request: its limit
-	via     []FailureMode        // per backend request: how a failed backend was answered
-	failed  bool                 // the backend failed; via holds the answers
-	out     []backend.Decision
-	keys    []byte
-	keyEnd  []int
+	entries  []descriptors.Entry
+	limits   [][]descriptors.Limit // per descriptor
+	rules    []*descriptors.Rule   // per descriptor
+	over     []descriptors.Limit   // per descriptor: the override limit
+	reqs     []backend.Request
+	owner    []int                // per backend request: its descriptor
+	lims     []*descriptors.Limit // per backend request: its limit
+	via      []FailureMode        // per backend request: how a failed backend was answered
+	failed   bool                 // the backend failed; via holds the answers
+	out      []backend.Decision
+	keys     []byte
+	keyEnd   []int
+	replaced []string // names dropped by a matched limit's replaces
 	// for decideFailed
 	local     []int
 	localReqs []backend.Request
@@ -172,10 +174,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 
 	// A matched limit's replaces drop the named limits from the whole request.
-	var replaced []string
 	for _, ls := range w.limits {
 		for j := range ls {
-			replaced = append(replaced, ls[j].Replaces...)
+			w.replaced = append(w.replaced, ls[j].Replaces...)
 		}
 	}
 
@@ -197,7 +198,7 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		}
 		for j := range w.limits[i] {
 			l := &w.limits[i][j]
-			if l.Name != "" && contains(replaced, l.Name) {
+			if l.Name != "" && slices.Contains(w.replaced, l.Name) {
 				continue
 			}
 			w.appendKey(domain, d.Entries, share, j)
@@ -232,15 +233,6 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	return s.response(req, w, admitted), nil
 }
 
-func contains(names []string, name string) bool {
-	for _, n := range names {
-		if n == name {
-			return true
-		}
-	}
-	return false
-}
-
 func (w *work) reset(n int) {
 	w.entries = w.entries[:0]
 	w.reqs = w.reqs[:0]
@@ -250,6 +242,7 @@ func (w *work) reset(n int) {
 	w.failed = false
 	w.keys = w.keys[:0]
 	w.keyEnd = w.keyEnd[:0]
+	w.replaced = w.replaced[:0]
 	w.limits = append(w.limits[:0], make([][]descriptors.Limit, n)...)
 	w.rules = append(w.rules[:0], make([]*descriptors.Rule, n)...)
 	w.over = append(w.over[:0], make([]descriptors.Limit, n)...)

@@ -3,6 +3,7 @@ package backend
 import (
 	"context"
 	"errors"
+	"fmt"
 )
 
 // Mode says how a request's denial affects the rest of its batch.
@@ -38,8 +39,35 @@ type Backend interface {
 }
 
 // ErrUnavailable wraps a backend failure that the failure policy should handle (store down,
-// timed out, circuit open).
+// timed out, circuit open). Any other error from Decide is a bug or a misconfiguration: the
+// service answers it INTERNAL and logs it.
 var ErrUnavailable = errors.New("backend unavailable")
+
+// ErrOverloaded wraps ErrUnavailable for a decision shed because this process could not finish
+// it within its budget while the store was healthy (local CPU saturated, not the store failing).
+// The failure policy answers it like any unavailability; metrics count it apart.
+var ErrOverloaded = fmt.Errorf("%w: overloaded", ErrUnavailable)
+
+// Health is implemented by a Backend whose store can become unreachable.
+type Health interface {
+	// Healthy reports whether the store answers now.
+	Healthy() bool
+	// SubscribeHealth calls f with every change of Healthy, in order and never concurrently,
+	// until cancel is called.
+	SubscribeHealth(f func(healthy bool)) (cancel func())
+}
+
+// CachePurger is implemented by a Backend that keeps decisions in this process (a local
+// over-limit cache) that must be forgotten when the store's state is reset.
+type CachePurger interface {
+	PurgeCache()
+}
+
+// CacheStats is implemented by a Backend with a local cache: how many decisions it answered
+// without asking the store.
+type CacheStats interface {
+	CacheHits() uint64
+}
 
 // Admitted reports whether a batch with these decisions is admitted: no Enforce request denied,
 // and not every Quota request denied. Refunds are always allowed.

@@ -23,9 +23,6 @@ const (
 	MaxValueBytes = 4096
 )
 
-// FailureModes are the accepted values of a rule's failure_mode.
-var FailureModes = []string{"allow", "deny", "error", "local"}
-
 // Load loads a rule file, or every *.yaml and *.yml file of a directory (not recursing, skipping
 // names that start with '.', which covers Kubernetes ConfigMap mounts' ..data entries). Every
 // problem found is returned at once, joined, each naming its file and line.
@@ -239,8 +236,12 @@ func (b *builder) level(ds []api.Descriptor, nodes []*yaml.Node, share []string,
 
 // rule validates a node's limits and options; it returns nil for a node without a limit.
 func (b *builder) rule(d *api.Descriptor, n *yaml.Node, path string, share []string, info *DomainInfo) *Rule {
-	if d.FailureMode != "" && !slices.Contains(FailureModes, d.FailureMode) {
-		b.errorf(lineOf(n, "failure_mode"), "descriptor %s: failure_mode %q: want one of %s", path, d.FailureMode, strings.Join(FailureModes, ", "))
+	var failure FailureMode
+	if d.FailureMode != "" {
+		var err error
+		if failure, err = ParseFailureMode(d.FailureMode); err != nil {
+			b.errorf(lineOf(n, "failure_mode"), "descriptor %s: failure_mode %q: want one of %s", path, d.FailureMode, strings.Join(FailureModes, ", "))
+		}
 	}
 	if err := checkMetadata(d.Metadata); err != nil {
 		b.errorf(lineOf(n, "metadata"), "descriptor %s: metadata: %v", path, err)
@@ -270,7 +271,7 @@ func (b *builder) rule(d *api.Descriptor, n *yaml.Node, path string, share []str
 	r := &Rule{
 		Domain: b.domain, Path: path,
 		ShadowMode: d.ShadowMode, QuotaMode: d.QuotaMode, DetailedMetric: d.DetailedMetric,
-		ValueToMetric: d.ValueToMetric, Metadata: d.Metadata, FailureMode: d.FailureMode,
+		ValueToMetric: d.ValueToMetric, Metadata: d.Metadata, FailureMode: failure,
 		Source: fmt.Sprintf("%s:%d", b.name, lineOf(n, "")),
 	}
 	if slices.ContainsFunc(share, func(s string) bool { return s != "" }) {

@@ -96,7 +96,7 @@ type Rule struct {
 	DetailedMetric bool
 	ValueToMetric  bool
 	Metadata       map[string]any
-	FailureMode    string
+	FailureMode    FailureMode // FailureDefault: the server's
 	// Share holds, per entry depth, the wildcard pattern whose matching values share one bucket
 	// (share_threshold), or "". Nil when no level shares.
 	Share []string

@@ -40,7 +40,7 @@ func toRuleJSON(r *descriptors.Rule) *ruleJSON {
 	if r == nil {
 		return nil
 	}
-	j := &ruleJSON{Path: r.Path, Source: r.Source, Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, QuotaMode: r.QuotaMode, FailureMode: r.FailureMode, Metadata: r.Metadata}
+	j := &ruleJSON{Path: r.Path, Source: r.Source, Unlimited: r.Unlimited, ShadowMode: r.ShadowMode, QuotaMode: r.QuotaMode, FailureMode: r.FailureMode.String(), Metadata: r.Metadata}
 	for i := range r.Limits {
 		j.Limits = append(j.Limits, toLimitJSON(&r.Limits[i]))
 	}

@@ -2,55 +2,34 @@ package service
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
 )
 
-// FailureMode is what rls answers for a descriptor when its backend fails (down, timed out,
-// circuit open).
-type FailureMode uint8
+// FailureMode is what rls answers for a descriptor when its backend is unavailable; see
+// descriptors.FailureMode. The zero value answers as FailError.
+type FailureMode = descriptors.FailureMode
 
+// The failure modes, as the service names them.
 const (
-	// FailError answers gRPC UNAVAILABLE, so Envoy's own failure_mode_deny decides.
-	FailError FailureMode = iota
-	// FailAllow answers OK.
-	FailAllow
-	// FailDeny answers OVER_LIMIT.
-	FailDeny
-	// FailLocal decides with this process's memory backend, from the same rules: each replica
-	// then enforces the limit on its own.
-	FailLocal
+	FailError = descriptors.FailureError
+	FailAllow = descriptors.FailureAllow
+	FailDeny  = descriptors.FailureDeny
+	FailLocal = descriptors.FailureLocal
 )
 
-// ParseFailureMode parses "error", "allow", "deny" or "local" (the values of a rule's
-// failure_mode, see descriptors.FailureModes).
-func ParseFailureMode(s string) (FailureMode, error) {
-	switch s {
-	case "error":
-		return FailError, nil
-	case "allow":
-		return FailAllow, nil
-	case "deny":
-		return FailDeny, nil
-	case "local":
-		return FailLocal, nil
-	}
-	return FailError, fmt.Errorf("failure mode %q: want error, allow, deny or local", s)
-}
-
-func (m FailureMode) String() string {
-	return [...]string{"error", "allow", "deny", "local"}[m]
-}
+// ParseFailureMode parses "error", "allow", "deny" or "local".
+func ParseFailureMode(s string) (FailureMode, error) { return descriptors.ParseFailureMode(s) }
 
 // failureModeOf returns the failure mode for descriptor i: its rule's, else the default.
 func (s *Service) failureModeOf(r *descriptors.Rule) FailureMode {
-	if r != nil && r.FailureMode != "" {
-		if m, err := ParseFailureMode(r.FailureMode); err == nil {
-			return m
-		}
+	if r != nil && r.FailureMode != descriptors.FailureDefault {
+		return r.FailureMode
+	}
+	if s.failure == descriptors.FailureDefault {
+		return FailError
 	}
 	return s.failure
 }

@@ -14,7 +14,7 @@ type breaker struct {
 	threshold int64
 	cooldown  time.Duration
 	probe     func(ctx context.Context) error
-	onChange  func(healthy bool)
+	onChange  func(healthy bool, cause error)
 
 	open     atomic.Bool
 	failures atomic.Int64
@@ -25,7 +25,7 @@ type breaker struct {
 	wg      sync.WaitGroup
 }
 
-func newBreaker(threshold int, cooldown time.Duration, probe func(context.Context) error, onChange func(bool)) *breaker {
+func newBreaker(threshold int, cooldown time.Duration, probe func(context.Context) error, onChange func(healthy bool, cause error)) *breaker {
 	return &breaker{threshold: int64(threshold), cooldown: cooldown, probe: probe, onChange: onChange, stop: make(chan struct{})}
 }
 
@@ -38,21 +38,22 @@ func (br *breaker) success() {
 	}
 }
 
-func (br *breaker) failure() {
+// failure counts a failure of Redis; cause says what failed.
+func (br *breaker) failure(cause error) {
 	if br.failures.Add(1) >= br.threshold {
-		br.trip()
+		br.trip(cause)
 	}
 }
 
 // trip opens the breaker and starts probing, unless it is open already.
-func (br *breaker) trip() {
+func (br *breaker) trip(cause error) {
 	br.mu.Lock()
 	defer br.mu.Unlock()
 	if br.stopped || !br.open.CompareAndSwap(false, true) {
 		return
 	}
 	if br.onChange != nil {
-		br.onChange(false)
+		br.onChange(false, cause)
 	}
 	br.wg.Add(1)
 	go br.probeLoop()
@@ -76,7 +77,7 @@ func (br *breaker) probeLoop() {
 			br.failures.Store(0)
 			br.open.Store(false)
 			if br.onChange != nil && !br.stopped {
-				br.onChange(true)
+				br.onChange(true, nil)
 			}
 			br.mu.Unlock()
 			return

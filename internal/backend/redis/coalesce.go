@@ -1,247 +1,197 @@
 package redis
 
 import (
-	"context"
-	"fmt"
 	"sync"
 	"time"
-
-	goredis "github.com/redis/go-redis/v9"
 )
 
-// coalescer gathers the script calls of concurrent Decide calls into pipelines, with no goroutine
-// of its own: while fewer than senders pipelines are in flight a caller sends its calls itself,
-// at once; otherwise it queues. When a pipeline's replies are in, its sender hands whatever
-// has queued meanwhile (up to max script calls) to the first queued caller, which sends it as
-// the next pipeline. A lone caller thus pays nothing, and under load a caller waits at most one
-// round trip to join a pipeline.
+// coalescer runs the script calls of concurrent Decide calls in pipelines, on a fixed set of
+// sender goroutines: a caller queues its calls and waits for their replies or for its budget;
+// a sender takes what has queued (up to max calls, at least one caller's) and runs it through
+// the send function as one pipeline. A lone caller's calls leave at once; under load, callers
+// that arrive while a pipeline is in flight go out together in the next one, so Redis pays a
+// script call's fixed cost once for many decisions.
+//
+// A caller never waits past its budget: a call still queued then is dropped unsent (nothing was
+// charged), one in flight is abandoned to its sender. A pipeline waits for a connection (or
+// dials one) no longer than the latest budget of its callers, so a call whose caller gave up
+// is never sent late; once written, its replies are read under the client's socket timeout, not
+// under callers' deadlines, so a caller's short deadline never breaks the connection that
+// carries the others' calls.
 type coalescer struct {
-	b       *Backend
-	max     int
+	send    func(calls []*call, deadline time.Time) // runs calls as one pipeline, setting each call's reply or err
+	max     int                                     // calls per pipeline, but at least one caller's
 	senders int
 
-	mu       sync.Mutex
-	inflight int
-	queue    []*pending
+	mu     sync.Mutex
+	cond   sync.Cond // signalled when the queue grows or the coalescer closes
+	queue  []*pending
+	idle   int // senders waiting on cond
+	closed bool
+	wg     sync.WaitGroup
 }
 
-// The roles of a pending call.
+// The states of a pending caller, guarded by coalescer.mu.
 const (
-	queued  = iota // waiting in the queue
-	taken          // in a batch that another caller sends
-	leading        // must send batch
-	replied        // its replies are in
+	stateIdle      = iota // not queued
+	stateQueued           // waiting in the queue
+	stateSent             // in a pipeline in flight
+	stateDone             // replies in, wake signalled
+	stateAbandoned        // its caller left while in flight: the sender drops it
 )
 
-// pending is one Decide call's script calls.
+// pending is one Decide call's script calls, reused across decisions (see job).
 type pending struct {
-	ctx  context.Context
-	cmds []*goredis.Cmd
-	wake chan struct{} // signalled when role becomes leading or replied
-
-	role  int        // guarded by coalescer.mu
-	batch []*pending // when leading
+	calls    []*call
+	wake     chan struct{} // buffered 1: signalled when state becomes stateDone
+	timer    *time.Timer   // the caller's budget; stopped when idle
+	state    int
+	since    time.Time // when the sender took it
+	deadline time.Time // when its caller stops waiting
 }
 
-func newCoalescer(b *Backend, max, senders int) *coalescer {
-	return &coalescer{b: b, max: max, senders: senders}
+func newPending() *pending {
+	t := time.NewTimer(time.Hour)
+	t.Stop()
+	return &pending{wake: make(chan struct{}, 1), timer: t}
 }
 
-// do sends cmds, alone or with others', and waits for their replies or for ctx. When ctx ends
-// first the replies are left to the sender: the caller must not read cmds then.
-func (c *coalescer) do(ctx context.Context, cmds []*goredis.Cmd) error {
-	p := &pending{ctx: ctx, cmds: cmds, wake: make(chan struct{}, 1)}
-	c.mu.Lock()
-	if c.inflight < c.senders {
-		c.inflight++
-		c.mu.Unlock()
-		c.lead([]*pending{p})
-		return nil
+func newCoalescer(send func([]*call, time.Time), max, senders int) *coalescer {
+	c := &coalescer{send: send, max: max, senders: senders}
+	c.cond.L = &c.mu
+	c.wg.Add(senders)
+	for range senders {
+		go c.run()
 	}
+	return c
+}
+
+// waitResult says how a wait ended.
+type waitResult int
+
+const (
+	replied  waitResult = iota // every call has its reply or err
+	unsent                     // budget over before the calls left: nothing sent
+	inFlight                   // budget over while the calls were in a pipeline
+	canceled                   // the caller's context ended
+)
+
+// do queues p's calls and waits until they are answered, budget has passed or done is closed.
+// For any result but replied, p now belongs to its sender (when in flight) or to nobody: the
+// caller must not reuse it. inFlight also returns when the sender took p.
+func (c *coalescer) do(p *pending, budget time.Duration, done <-chan struct{}) (waitResult, time.Time) {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return unsent, time.Time{}
+	}
+	p.state = stateQueued
+	p.deadline = time.Now().Add(budget)
 	c.queue = append(c.queue, p)
+	if c.idle > 0 {
+		c.cond.Signal()
+	}
 	c.mu.Unlock()
+
+	p.timer.Reset(budget)
+	var res waitResult
 	select {
 	case <-p.wake:
-	case <-ctx.Done():
-		c.mu.Lock()
-		switch p.role {
-		case queued:
-			c.queue = remove(c.queue, p)
-			c.mu.Unlock()
-			return ctx.Err()
-		case taken:
-			c.mu.Unlock()
-			return ctx.Err()
-		}
-		c.mu.Unlock()
-		<-p.wake // leading or replied: the role is final and wake was sent
+		p.timer.Stop()
+		p.state = stateIdle
+		return replied, time.Time{}
+	case <-p.timer.C:
+		res = inFlight
+	case <-done:
+		p.timer.Stop()
+		res = canceled
 	}
 	c.mu.Lock()
-	role, batch := p.role, p.batch
-	c.mu.Unlock()
-	if role == leading {
-		if ctx.Err() != nil {
-			// The others in the batch still need it sent; this caller's time is up.
-			go c.lead(batch)
-			return ctx.Err()
+	defer c.mu.Unlock()
+	switch p.state {
+	case stateQueued:
+		c.queue = remove(c.queue, p)
+		p.state = stateIdle
+		if res == inFlight {
+			res = unsent
 		}
-		c.lead(batch)
+		return res, time.Time{}
+	case stateSent:
+		p.state = stateAbandoned
+		return res, p.since
 	}
-	return nil
+	// stateDone: the replies came in as time ran out.
+	<-p.wake
+	p.state = stateIdle
+	return replied, time.Time{}
 }
 
 func remove(q []*pending, p *pending) []*pending {
 	for i, x := range q {
 		if x == p {
-			return append(q[:i], q[i+1:]...)
+			copy(q[i:], q[i+1:])
+			q[len(q)-1] = nil
+			return q[:len(q)-1]
 		}
 	}
 	return q
 }
 
-// lead sends batch and then hands the queue, if any, to the next sender.
-func (c *coalescer) lead(batch []*pending) {
-	c.send(batch)
-	c.mu.Lock()
-	for _, p := range batch {
-		if p.role != leading {
-			p.role = replied
-			p.wake <- struct{}{}
+// run is a sender: it takes queued calls and sends them until the coalescer closes.
+func (c *coalescer) run() {
+	defer c.wg.Done()
+	var batch []*pending
+	var calls []*call
+	for {
+		c.mu.Lock()
+		for len(c.queue) == 0 && !c.closed {
+			c.idle++
+			c.cond.Wait()
+			c.idle--
 		}
-	}
-	if len(c.queue) == 0 {
-		c.inflight--
+		if len(c.queue) == 0 {
+			c.mu.Unlock()
+			return
+		}
+		now := time.Now()
+		batch, calls = batch[:0], calls[:0]
+		var deadline time.Time
+		k := 0
+		for k < len(c.queue) && (k == 0 || len(calls)+len(c.queue[k].calls) <= c.max) {
+			p := c.queue[k]
+			p.state, p.since = stateSent, now
+			batch = append(batch, p)
+			calls = append(calls, p.calls...)
+			if p.deadline.After(deadline) {
+				deadline = p.deadline
+			}
+			k++
+		}
+		n := copy(c.queue, c.queue[k:])
+		clear(c.queue[n:])
+		c.queue = c.queue[:n]
 		c.mu.Unlock()
-		return
+
+		c.send(calls, deadline)
+
+		c.mu.Lock()
+		for _, p := range batch {
+			if p.state == stateSent {
+				p.state = stateDone
+				p.wake <- struct{}{}
+			}
+		}
+		c.mu.Unlock()
+		clear(batch)
+		clear(calls)
 	}
-	n, k := 0, 0
-	for k < len(c.queue) && (k == 0 || n+len(c.queue[k].cmds) <= c.max) {
-		n += len(c.queue[k].cmds)
-		k++
-	}
-	next := append([]*pending(nil), c.queue[:k]...)
-	c.queue = append(c.queue[:0], c.queue[k:]...)
-	for _, p := range next[1:] {
-		p.role = taken
-	}
-	next[0].role, next[0].batch = leading, next
-	next[0].wake <- struct{}{}
+}
+
+// close stops the senders once the queue is drained.
+func (c *coalescer) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.cond.Broadcast()
 	c.mu.Unlock()
-}
-
-// send runs the batch's live calls in one pipeline, under the latest of their deadlines: one
-// caller's deadline must not fail the calls of the others.
-func (c *coalescer) send(batch []*pending) {
-	var cmds []*goredis.Cmd
-	var live []*pending
-	var deadline time.Time
-	for _, p := range batch {
-		if p.ctx.Err() != nil {
-			continue // its caller has returned
-		}
-		if d, ok := p.ctx.Deadline(); ok && d.After(deadline) {
-			deadline = d
-		}
-		live = append(live, p)
-		cmds = append(cmds, p.cmds...)
-	}
-	if len(cmds) == 0 {
-		return
-	}
-	if deadline.IsZero() {
-		deadline = time.Now().Add(c.b.timeout)
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	if c.b.cluster || len(cmds) == 1 {
-		c.b.exec(ctx, cmds)
-	} else {
-		c.b.execMerged(ctx, cmds)
-	}
-	cancel()
-	k := 0
-	for _, p := range live {
-		// exec replaces the calls it sent again as EVAL.
-		k += copy(p.cmds, cmds[k:k+len(p.cmds)])
-	}
-}
-
-// execMerged runs the decide calls cmds of a single node as script calls that each decide
-// several of them in order (op "m"), and gives each call its own reply. A script call has a
-// fixed cost in Redis (argument conversion, reply, TIME) that this pays once per run of calls
-// instead of once per call, with the same decisions as calls sent one after another.
-// Consecutive calls are merged when they decide at the same instant (always, but in tests).
-func (b *Backend) execMerged(ctx context.Context, cmds []*goredis.Cmd) {
-	var merged []*goredis.Cmd
-	var runs [][]*goredis.Cmd
-	for i := 0; i < len(cmds); {
-		j := i + 1
-		for j < len(cmds) && decideNow(cmds[j]) == decideNow(cmds[i]) {
-			j++
-		}
-		merged = append(merged, mergeDecides(cmds[i:j]))
-		runs = append(runs, cmds[i:j])
-		i = j
-	}
-	b.exec(ctx, merged)
-	for k, m := range merged {
-		splitReply(m, runs[k])
-	}
-}
-
-// The positions of a decide call's arguments, after its n keys (see plan).
-const (
-	argNow       = 4 // evalsha, sha, n, keys..., "d", now
-	argThreshold = 5
-	argValues    = 7
-)
-
-func decideNow(c *goredis.Cmd) any {
-	a := c.Args()
-	return a[a[2].(int)+argNow]
-}
-
-// mergeDecides returns the script call that decides the calls cmds in order.
-func mergeDecides(cmds []*goredis.Cmd) *goredis.Cmd {
-	if len(cmds) == 1 {
-		return cmds[0]
-	}
-	var keys, batches []any
-	for _, c := range cmds {
-		a := c.Args()
-		n := a[2].(int)
-		keys = append(keys, a[3:3+n]...)
-		batches = append(batches, a[n+argThreshold], a[n+argValues])
-	}
-	args := make([]any, 0, 5+len(keys)+len(batches))
-	args = append(args, "evalsha", script.Hash(), len(keys))
-	args = append(args, keys...)
-	args = append(args, "m", decideNow(cmds[0]))
-	args = append(args, batches...)
-	m := goredis.NewCmd(context.Background(), args...)
-	m.SetFirstKeyPos(3)
-	return m
-}
-
-// splitReply gives each of the calls cmds that m merged its part of m's reply, or m's error.
-func splitReply(m *goredis.Cmd, cmds []*goredis.Cmd) {
-	if len(cmds) == 1 && cmds[0] == m {
-		return
-	}
-	vals, err := m.Slice()
-	if err != nil {
-		for _, c := range cmds {
-			c.SetErr(err)
-		}
-		return
-	}
-	k := 0
-	for _, c := range cmds {
-		w := 1 + 4*c.Args()[2].(int)
-		if k+w > len(vals) {
-			c.SetErr(fmt.Errorf("script reply: %d values for merged calls, want more", len(vals)))
-			continue
-		}
-		c.SetVal(vals[k : k+w])
-		k += w
-	}
+	c.wg.Wait()
 }

@@ -1,8 +1,10 @@
--- GCRA for rls, the same arithmetic as internal/backend/gcra.go, in one atomic call.
+-- GCRA for rls: backend.DecideBatch (internal/backend) in one atomic call.
 --
 -- Time is integer microseconds from Redis TIME, so every replica of rls agrees on it. A TAT is
--- exact: us + frac/rate microseconds with 0 <= frac < rate, stored per key as the string
--- "tat frac rate period" with an expiry at the reset, when the key holds no usage any more.
+-- exact: us + frac/rate microseconds with 0 <= frac < rate. A key stores its state as four
+-- little-endian doubles (tat_us, frac, rate, period_us: 32 bytes) with an expiry at its reset,
+-- when it holds no usage any more. Every value is an integer below 2^53, so exact as a double,
+-- and struct.pack/unpack cost a tenth of formatting and parsing text.
 --
 -- Lua numbers here are doubles: integers are exact only below 2^53. The bounds that keep every
 -- intermediate below 2^53, given limits that backend.Limit.Validate accepts (rate and burst
@@ -10,42 +12,39 @@
 --   * interval(n) = n*period/rate never forms n*period (up to 2^84): period is split into
 --     pq*rate + pr, and when n*pr reaches 2^53, n into 16-bit halves, so that no product
 --     exceeds 2^49;
---   * count(d) = floor(d/T) is estimated in floating point, off by at most one since the
---     result is below 2^34 (relative error 2^-51), and corrected with exact comparisons;
+--   * count(d) = floor(d/T) is exact when d*rate fits 2^53; otherwise it is estimated in
+--     floating point, off by at most one since the result is below 2^34, and corrected with
+--     exact comparisons;
 --   * divmod corrects a float quotient that rounded to the next integer (possible only for
 --     a dividend near 2^53, which the bounds above never reach; kept as a guard).
--- TestScriptMatchesGo compares this script with the Go functions on random states and limits
--- across these ranges.
 --
--- ARGV[1] is the operation. Per-key values travel as one string of little-endian doubles per
--- batch (5 per key), unpacked in one call: converting ARGV strings one by one is a large part of
--- a call's cost. Every value sent is an integer below 2^53, so exact as a double.
---   "d" decide: ARGV[2] now (0: use TIME; tests pass a fixed instant), ARGV[3] when to refuse
---       the batch for its quota requests (k > 0: when k quota requests here are denied, which
---       are then every quota request of the batch not already denied; 0: never; -1: refused
---       already), ARGV[4] 1 when other script calls hold part of the batch, ARGV[5] per key i:
---       rate, period (us), burst, cost (clamped to [0, burst+1]), flags (1 refund, + 2*mode
---       with mode 0 enforce, 1 shadow, 2 quota). Rate is > 0: rls decides rate 0 itself. A key
---       repeated in the batch sees the earlier charges; charges are written only when the batch
---       is not refused here. Returns {charged, 4 values per key: allowed, remaining, retry_us,
---       reset_us}; with ARGV[4] = 1 also, per key, the check-only remaining and reset_us and the
---       exact change written (delta_us, delta_frac in 1/rate us, zero but on a key's last
---       occurrence).
---   "m" several batches, each decided as by "d" with ARGV[4] = 0, in order, as one call each
---       would: a key in several batches sees the charges of the earlier batches that were not
---       refused. ARGV[2] now, then per batch its quota threshold and its per-key string; KEYS
---       are the batches' keys in order. Returns the replies of "d", concatenated. This spares
---       the fixed cost of a script call (and TIME) per batch when concurrent calls coalesce.
---   "u" undo: ARGV[2] now, ARGV[3] per key: rate, period, burst, delta_us, delta_frac: subtracts
---       a change written by "d" (a batch that another node denied), within [now, now + burst].
---
--- A key stores its state as the text "tat frac rate period": readable with GET when debugging,
--- and no slower to parse than a binary form was when measured.
+-- The wire format (encoded and decoded in wire.go; TestWireFormat pins it):
+-- ARGV[1] is the operation, ARGV[2] the instant (0: Redis TIME; tests pass a fixed one).
+--   "d" decide one batch: ARGV[3] when to refuse the batch for its quota requests (k > 0: when
+--       k quota requests here are denied, which are then every quota request of the batch not
+--       already denied; 0: never; -1: refused already), ARGV[4] "1" when other script calls
+--       hold part of the batch (Cluster slots), ARGV[5] per key: rate, period (us), burst, cost
+--       (clamped to [0, burst+1]), flags (1 refund, + 2*mode with mode 0 enforce, 1 shadow,
+--       2 quota), as little-endian doubles. Rate is > 0: rls decides rate 0 itself.
+--       Replies with one string of doubles: charged (1/0), then per key allowed, remaining,
+--       retry_us, reset_us; with ARGV[4] = "1" also, per key, the check-only remaining and
+--       reset_us (what the key reports once the batch is undone) and the exact change written
+--       (delta_us, delta_frac in 1/rate us; zero but on a key's last occurrence).
+--   "m" several batches, each decided as by "d" with ARGV[4] = "0", in order, as one call each
+--       would: ARGV[3], ARGV[4] are the first batch's threshold and values, ARGV[5], ARGV[6] the
+--       second's, and so on; KEYS are the batches' keys in order. Replies with the replies of
+--       "d", concatenated. This pays the fixed cost of a script call (and TIME) once for many
+--       concurrent calls.
+--   "u" undo: ARGV[3] per key: rate, period, burst, delta_us, delta_frac: subtracts a change
+--       that "d" wrote (for a batch another slot refused), within [now, now + burst].
+--       Replies with the empty string.
 
 local MAX_TOLERANCE = 100 * 365 * 24 * 3600 * 1000000
 local TWO53 = 9007199254740992
 local floor = math.floor
 local unpack = struct.unpack
+local pack = struct.pack
+local call = redis.call
 local fixed_now = false
 
 -- divmod returns floor(a/b) and a mod b for integers 0 <= a < 2^53, 0 < b < 2^53.
@@ -109,10 +108,14 @@ end
 
 -- count returns floor(d/T) for a span d >= 0 of fewer than 2^34 emission intervals.
 local function count(dus, df, L)
-  local n = floor((dus * L[1] + df) / L[2])
-  if n < 0 then
-    n = 0
+  local x = dus * L[1] + df
+  if x < TWO53 then
+    if x < 0 then
+      return 0
+    end
+    return (divmod(x, L[2]))
   end
+  local n = floor(x / L[2])
   local ius, ifr = interval(n, L)
   if less(dus, df, ius, ifr) then
     return n - 1
@@ -183,8 +186,9 @@ local function decide(s, L, now, cost)
   local hus, hf = sub(aus, af, tus, tf, rate)
   local remaining = count(hus, hf, L)
   if cost > L[3] then
+    -- Never admitted: retry no sooner than a full burst after the key is back to one.
     local reset = ceil_us(sub(tus, tf, now, 0, rate))
-    return s, 0, remaining, reset, reset
+    return s, 0, remaining, ceil_us(L[6], L[7]) + reset, reset
   end
   if cost < 0 then
     cost = 0
@@ -218,13 +222,18 @@ local function refund(s, L, now, cost)
 end
 
 local function load(key)
-  local v = redis.call("GET", key)
+  local v = call("GET", key)
   if not v then
     return false
   end
+  if #v == 32 then
+    local a, b, c, d = unpack("<dddd", v)
+    return {a, b, c, d}
+  end
+  -- The text form "tat frac rate period" that earlier versions of rls stored.
   local a, b, c, d = string.match(v, "^(%-?%d+) (%d+) (%d+) (%d+)$")
   if not a then
-    return false
+    return false -- not a state rls wrote
   end
   return {tonumber(a), tonumber(b), tonumber(c), tonumber(d)}
 end
@@ -232,7 +241,7 @@ end
 local function store(key, s, existed, now)
   if fresh(s, now) then
     if existed then
-      redis.call("DEL", key)
+      call("DEL", key)
     end
     return
   end
@@ -242,14 +251,14 @@ local function store(key, s, existed, now)
   if fixed_now then
     ttl = ttl + 60000
   end
-  redis.call("SET", key, string.format("%d %d %d %d", s[1], s[2], s[3], s[4]), "PX", ttl)
+  call("SET", key, pack("<dddd", s[1], s[2], s[3], s[4]), "PX", ttl)
 end
 
 local function clock(arg)
   local now = tonumber(arg)
   fixed_now = now ~= 0
   if now == 0 then
-    local t = redis.call("TIME")
+    local t = call("TIME")
     now = tonumber(t[1]) * 1000000 + tonumber(t[2])
   end
   return now
@@ -286,7 +295,7 @@ if op == "u" then
     end
     store(KEYS[i], {tus, tf, rate, L[2]}, s ~= false, now)
   end
-  return 1
+  return ""
 end
 
 -- states holds per key the state after the batches of this call charged so far, stored the
@@ -302,12 +311,17 @@ local function state(key)
   return s
 end
 
--- batch decides the batch of n keys from KEYS[k0 + 1] on, appending its reply to res.
-local function batch(k0, args, quota_refuse, multi, res)
+-- out collects the reply's packed parts; nout is its length.
+local out, nout = {}, 0
+local function emit(p)
+  nout = nout + 1
+  out[nout] = p
+end
+
+-- batch decides the batch of n keys from KEYS[k0 + 1] on, appending its reply to out.
+local function batch(k0, args, quota_refuse, multi)
   local n = #args / 40
-  local r0 = #res
-  res[r0 + 1] = 0
-  local cur, last, lim, allowed = {}, {}, {}, {}
+  local cur, last, lim, res = {}, {}, {}, {}
   local enforce_denied, quota_denied = false, 0
   local pos = 1
   for i = 1, n do
@@ -328,7 +342,6 @@ local function batch(k0, args, quota_refuse, multi, res)
     end
     cur[key] = ns
     last[key] = i
-    allowed[i] = ok
     if ok == 0 then
       local mode = floor(flags / 2)
       if mode == 0 then
@@ -337,7 +350,7 @@ local function batch(k0, args, quota_refuse, multi, res)
         quota_denied = quota_denied + 1
       end
     end
-    local o = r0 + 4 * i - 2
+    local o = 4 * i - 3
     res[o], res[o + 1], res[o + 2], res[o + 3] = ok, rem, retry, reset
   end
 
@@ -348,24 +361,24 @@ local function batch(k0, args, quota_refuse, multi, res)
   if not charge then
     -- Allowed requests of a refused batch report a check of the state the batch found.
     for i = 1, n do
-      if allowed[i] == 1 then
+      if res[4 * i - 3] == 1 then
         local _, _, rem, _, reset = decide(states[KEYS[k0 + i]], lim[i], now, 0)
-        local o = r0 + 4 * i - 2
-        res[o + 1], res[o + 3] = rem, reset
+        res[4 * i - 2], res[4 * i] = rem, reset
       end
     end
+  end
+  emit(pack("<d", charge and 1 or 0))
+  for i = 1, n do
+    local o = 4 * i - 3
+    emit(pack("<dddd", res[o], res[o + 1], res[o + 2], res[o + 3]))
   end
   if multi then
     for i = 1, n do
       local rem, reset = 0, 0
-      if allowed[i] == 1 and charge then
+      if res[4 * i - 3] == 1 and charge then
         local _
         _, _, rem, _, reset = decide(states[KEYS[k0 + i]], lim[i], now, 0)
       end
-      res[#res + 1] = rem
-      res[#res + 1] = reset
-    end
-    for i = 1, n do
       local key = KEYS[k0 + i]
       local dus, df = 0, 0
       if charge and last[key] == i then
@@ -374,12 +387,10 @@ local function batch(k0, args, quota_refuse, multi, res)
         local bus, bf = current(states[key], L, now)
         dus, df = sub(aus, af, bus, bf, L[1])
       end
-      res[#res + 1] = dus
-      res[#res + 1] = df
+      emit(pack("<dddd", rem, reset, dus, df))
     end
   end
   if charge then
-    res[r0 + 1] = 1
     for key in pairs(last) do
       states[key] = cur[key]
     end
@@ -387,14 +398,13 @@ local function batch(k0, args, quota_refuse, multi, res)
   return n
 end
 
-local res = {}
 if op == "m" then
   local k0 = 0
   for b = 3, #ARGV, 2 do
-    k0 = k0 + batch(k0, ARGV[b + 1], tonumber(ARGV[b]), false, res)
+    k0 = k0 + batch(k0, ARGV[b + 1], tonumber(ARGV[b]), false)
   end
 else
-  batch(0, ARGV[5], tonumber(ARGV[3]), ARGV[4] == "1", res)
+  batch(0, ARGV[5], tonumber(ARGV[3]), ARGV[4] == "1")
 end
 
 for key, s in pairs(states) do
@@ -403,4 +413,4 @@ for key, s in pairs(states) do
     store(key, s, stored[key] ~= false, now)
   end
 end
-return res
+return table.concat(out)

@@ -45,6 +45,9 @@ func newTestBackend(t testing.TB, env string, opts Options) *Backend {
 	if opts.Timeout == 0 {
 		opts.Timeout = 5 * time.Second
 	}
+	if opts.ReadTimeout == 0 {
+		opts.ReadTimeout = 5 * time.Second
+	}
 	if opts.KeyPrefix == "" {
 		opts.KeyPrefix = fmt.Sprintf("test-%d:", time.Now().UnixNano())
 	}

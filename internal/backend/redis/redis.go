@@ -2,13 +2,10 @@ package redis
 
 import (
 	"context"
-	_ "embed"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
-	"math"
-	"strings"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -18,60 +15,73 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 )
 
-//go:embed gcra.lua
-var scriptSource string
-
-var script = goredis.NewScript(scriptSource)
-
 // Options configures a Backend. Only Target is required.
 type Options struct {
 	Target Target
 	// PoolSize is the number of connections per Redis node (default go-redis's, 10 per CPU).
 	PoolSize int
-	// DialTimeout bounds connecting (default 1s); ReadTimeout bounds one socket read or write
-	// (default 1s). A decision is bounded by Timeout whatever these are.
+	// DialTimeout bounds connecting (default 1s). ReadTimeout bounds one socket read or write
+	// (default 1s): a reply slower than that on the wire counts as Redis failing.
 	DialTimeout time.Duration
 	ReadTimeout time.Duration
-	// Timeout bounds a whole Decide, round trips and waiting for a connection included
-	// (default 10ms, well under Envoy's 20ms rate limit timeout). Past it Decide returns an
-	// error wrapping backend.ErrUnavailable.
+	// Timeout caps the budget of a decision (default 50ms). The budget is the caller's deadline
+	// less a margin (a tenth of what is left, at least 1ms), capped by Timeout; without a
+	// deadline, Timeout. A decision whose budget passes before Redis answers fails with
+	// backend.ErrOverloaded, and so does one whose deadline leaves no budget at all, at once and
+	// without reaching Redis. Running out of time never opens the breaker by itself: when Redis
+	// has answered nothing for a while, a probe checks it (see BreakerFailures). A decision that
+	// ran out of time after its call left may still have been charged in Redis.
 	Timeout time.Duration
 	// KeyPrefix is prepended to every Redis key (default "rls:").
 	KeyPrefix string
 	// LocalCacheSize is the number of denied keys remembered in this process (0 disables).
 	LocalCacheSize int
-	// Coalesce, when > 0, gathers the script calls of concurrent Decide calls into pipelines of
-	// up to Coalesce calls. At most CoalescePipelines pipelines are in flight (default 1: Redis
-	// runs one command at a time anyway); a call that finds them all in flight waits for one to
-	// return and joins the next.
+	// Coalesce, when > 0, gathers the script calls of concurrent decisions into pipelines of up
+	// to Coalesce calls, sent by CoalescePipelines goroutines (default 1: Redis runs one command
+	// at a time anyway); on a single node each pipeline is one script call. When 0, every
+	// decision is its own pipeline, with up to PoolSize in flight.
 	Coalesce          int
 	CoalescePipelines int
-	// BreakerFailures consecutive failures open the circuit breaker (default 5); while open,
-	// Decide fails at once and Redis is probed every BreakerCooldown (default 500ms).
+	// BreakerFailures consecutive failures of Redis open the circuit breaker (default 5): no
+	// connection, an error reply that says Redis cannot serve (LOADING, NOAUTH, READONLY...),
+	// a reply slower than ReadTimeout. A probe on its own connection that gets no PONG within
+	// ProbeTimeout (default 1s), sent when decisions time out and Redis has not answered
+	// anything for a while, opens it at once. Time spent waiting in this process never counts.
+	// While open, Decide fails at once and Redis is probed every BreakerCooldown (default
+	// 500ms); the first answer closes it.
 	BreakerFailures int
 	BreakerCooldown time.Duration
+	ProbeTimeout    time.Duration
 	// Now is this process's clock (default time.Now), read only for the local cache: decisions
 	// take their time from Redis.
 	Now func() time.Time
 	// Logger receives availability changes (default slog.Default()).
 	Logger *slog.Logger
-	// OnHealthChange, when set, is called when Redis becomes unavailable (the breaker opens)
-	// and available again. It must not block.
-	OnHealthChange func(healthy bool)
 }
 
 // Backend is a backend.Backend on Redis. It is safe for concurrent use.
 type Backend struct {
 	rdb     goredis.UniversalClient
+	probe   goredis.UniversalClient // one connection per node, for the breaker's probes
 	cluster bool
+	merge   bool // merge coalesced calls into one script call (single node)
 	prefix  string
 	timeout time.Duration
+	probeTO time.Duration
 	now     func() time.Time
 	log     *slog.Logger
 	cache   *denials // nil when disabled
 	br      *breaker
-	co      *coalescer // nil when disabled
-	onState func(bool)
+	co      *coalescer
+	jobs    sync.Pool // *job
+
+	epoch     time.Time
+	lastReply atomic.Int64 // nanoseconds since epoch when Redis last replied
+	probing   atomic.Bool
+
+	subMu   sync.Mutex
+	subs    map[int]func(bool)
+	nextSub int
 
 	closeOnce sync.Once
 	cacheHits atomic.Uint64
@@ -80,7 +90,25 @@ type Backend struct {
 	scriptNow func() int64
 }
 
-var _ backend.Backend = (*Backend)(nil)
+var (
+	_ backend.Backend     = (*Backend)(nil)
+	_ backend.Health      = (*Backend)(nil)
+	_ backend.CachePurger = (*Backend)(nil)
+	_ backend.CacheStats  = (*Backend)(nil)
+)
+
+// Errors, each wrapping backend.ErrUnavailable.
+var (
+	errUnavailable = backend.ErrUnavailable
+	// errOpen is returned while the circuit breaker is open.
+	errOpen = fmt.Errorf("%w: redis: circuit breaker open", backend.ErrUnavailable)
+	// errShed is returned for a decision that ran out of its budget before Redis answered it.
+	errShed = fmt.Errorf("%w: redis: no answer within the budget", backend.ErrOverloaded)
+)
+
+// replyWindow is how long Redis may go without replying, while decisions run out of time,
+// before a probe checks that it still answers.
+const replyWindow = 250 * time.Millisecond
 
 // New connects to Redis as opts says and loads the script. Redis being unreachable is not an
 // error: the backend then starts unavailable and becomes available as soon as Redis answers.
@@ -88,27 +116,14 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if len(opts.Target.Addrs) == 0 {
 		return nil, errors.New("redis backend: no address")
 	}
-	if opts.DialTimeout == 0 {
-		opts.DialTimeout = time.Second
-	}
-	if opts.ReadTimeout == 0 {
-		opts.ReadTimeout = time.Second
-	}
-	if opts.Timeout == 0 {
-		opts.Timeout = 10 * time.Millisecond
-	}
-	if opts.KeyPrefix == "" {
-		opts.KeyPrefix = "rls:"
-	}
-	if opts.CoalescePipelines == 0 {
-		opts.CoalescePipelines = 1
-	}
-	if opts.BreakerFailures == 0 {
-		opts.BreakerFailures = 5
-	}
-	if opts.BreakerCooldown == 0 {
-		opts.BreakerCooldown = 500 * time.Millisecond
-	}
+	setDefault(&opts.DialTimeout, time.Second)
+	setDefault(&opts.ReadTimeout, time.Second)
+	setDefault(&opts.Timeout, 50*time.Millisecond)
+	setDefault(&opts.KeyPrefix, "rls:")
+	setDefault(&opts.CoalescePipelines, 1)
+	setDefault(&opts.BreakerFailures, 5)
+	setDefault(&opts.BreakerCooldown, 500*time.Millisecond)
+	setDefault(&opts.ProbeTimeout, time.Second)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -119,7 +134,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.PoolSize < 0 {
 		errs = append(errs, fmt.Errorf("pool size %d < 0", opts.PoolSize))
 	}
-	if opts.DialTimeout < 0 || opts.ReadTimeout < 0 || opts.Timeout < 0 || opts.BreakerCooldown < 0 {
+	if opts.DialTimeout < 0 || opts.ReadTimeout < 0 || opts.Timeout < 0 || opts.BreakerCooldown < 0 || opts.ProbeTimeout < 0 {
 		errs = append(errs, errors.New("timeouts must not be negative"))
 	}
 	if opts.LocalCacheSize < 0 || opts.Coalesce < 0 || opts.CoalescePipelines < 0 || opts.BreakerFailures < 0 {
@@ -128,82 +143,139 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, fmt.Errorf("redis backend: %w", err)
 	}
+	co := clientOptions{poolSize: opts.PoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout}
 	b := &Backend{
-		rdb: newClient(opts.Target, clientOptions{
-			poolSize: opts.PoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout,
-		}),
+		rdb:     newClient(opts.Target, co),
+		probe:   newClient(opts.Target, clientOptions{poolSize: 1, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout, contextTimeout: true}),
 		cluster: opts.Target.Topology == Cluster,
+		merge:   opts.Coalesce > 0,
 		prefix:  opts.KeyPrefix,
 		timeout: opts.Timeout,
+		probeTO: opts.ProbeTimeout,
 		now:     opts.Now,
 		log:     opts.Logger,
-		onState: opts.OnHealthChange,
+		epoch:   time.Now(),
+		subs:    map[int]func(bool){},
 	}
 	if opts.LocalCacheSize > 0 {
 		c, err := newDenials(opts.LocalCacheSize)
 		if err != nil {
 			b.rdb.Close()
+			b.probe.Close()
 			return nil, fmt.Errorf("redis backend: %w", err)
 		}
 		b.cache = c
 	}
-	b.br = newBreaker(opts.BreakerFailures, opts.BreakerCooldown, b.load, b.healthChanged)
+	b.jobs.New = func() any { return newJob() }
+	b.br = newBreaker(opts.BreakerFailures, opts.BreakerCooldown, b.loadScript, b.healthChanged)
 	if opts.Coalesce > 0 {
-		b.co = newCoalescer(b, opts.Coalesce, opts.CoalescePipelines)
+		b.co = newCoalescer(b.sendCalls, opts.Coalesce, opts.CoalescePipelines)
+	} else {
+		senders := opts.PoolSize
+		if senders == 0 {
+			senders = 10 * runtime.GOMAXPROCS(0) // go-redis's default pool size
+		}
+		b.co = newCoalescer(b.sendCalls, 1, senders)
 	}
 	lctx, cancel := context.WithTimeout(ctx, opts.DialTimeout)
 	defer cancel()
-	if err := b.load(lctx); err != nil {
+	// Loaded through the main client: its first connection is then open before any decision.
+	if err := load(lctx, b.rdb); err != nil {
 		b.log.Warn("redis unavailable at start; deciding nothing until it answers", "redis", opts.Target.String(), "err", err)
-		b.br.trip()
+		b.br.trip(err)
+	} else {
+		b.lastReply.Store(b.mono())
 	}
 	return b, nil
 }
 
-func (b *Backend) healthChanged(healthy bool) {
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
+// loadScript puts the script into every master's script cache, on the probe's connections; it
+// doubles as the breaker's probe while the breaker is open.
+func (b *Backend) loadScript(ctx context.Context) error {
+	err := load(ctx, b.probe)
+	if err == nil {
+		b.lastReply.Store(b.mono())
+	}
+	return err
+}
+
+func (b *Backend) mono() int64 { return int64(time.Since(b.epoch)) }
+
+func (b *Backend) healthChanged(healthy bool, cause error) {
 	if healthy {
 		b.log.Info("redis available")
 	} else {
-		b.log.Warn("redis unavailable: circuit breaker open, failing fast and probing")
+		b.log.Warn("redis unavailable: circuit breaker open, failing fast and probing", "cause", cause)
 	}
-	if b.onState != nil {
-		b.onState(healthy)
+	b.subMu.Lock()
+	subs := make([]func(bool), 0, len(b.subs))
+	for _, f := range b.subs {
+		subs = append(subs, f)
+	}
+	b.subMu.Unlock()
+	for _, f := range subs {
+		f(healthy)
 	}
 }
 
-// load puts the script into every master's script cache; it doubles as the breaker's probe.
-func (b *Backend) load(ctx context.Context) error {
-	if c, ok := b.rdb.(*goredis.ClusterClient); ok {
-		return c.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error {
-			return script.Load(ctx, n).Err()
-		})
-	}
-	return script.Load(ctx, b.rdb).Err()
-}
-
-// Healthy reports whether Redis is answering: false while the circuit breaker is open.
+// Healthy implements backend.Health: false while the circuit breaker is open.
 func (b *Backend) Healthy() bool { return b.br.allow() }
 
-// PurgeLocalCache forgets every cached denial. Entries are kept per limit, so a changed rule
-// never reuses a denial made under the old one; this is for when Redis state was reset.
-func (b *Backend) PurgeLocalCache() {
+// SubscribeHealth implements backend.Health.
+func (b *Backend) SubscribeHealth(f func(healthy bool)) (cancel func()) {
+	b.subMu.Lock()
+	id := b.nextSub
+	b.nextSub++
+	b.subs[id] = f
+	b.subMu.Unlock()
+	return func() {
+		b.subMu.Lock()
+		delete(b.subs, id)
+		b.subMu.Unlock()
+	}
+}
+
+// PurgeCache implements backend.CachePurger: it forgets every cached denial. Entries are kept
+// per limit, so a changed rule never reuses a denial made under the old one; this is for when
+// Redis state was reset.
+func (b *Backend) PurgeCache() {
 	if b.cache != nil {
 		b.cache.c.Purge()
 	}
 }
+
+// CacheHits implements backend.CacheStats: how many decisions the local over-limit cache
+// answered without a round trip.
+func (b *Backend) CacheHits() uint64 { return b.cacheHits.Load() }
 
 // Close stops the backend's goroutines and closes its connections.
 func (b *Backend) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
 		b.br.close()
-		err = b.rdb.Close()
+		b.co.close()
+		err = errors.Join(b.rdb.Close(), b.probe.Close())
 	})
 	return err
 }
 
-// errOpen is returned while the circuit breaker is open.
-var errOpen = fmt.Errorf("%w: redis: circuit breaker open", backend.ErrUnavailable)
+// Budget returns how long a decision asked with ctx may take: the caller's deadline less a
+// margin, capped by Options.Timeout.
+func (b *Backend) Budget(ctx context.Context) time.Duration {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return b.timeout
+	}
+	left := time.Until(d)
+	return min(b.timeout, left-max(left/10, time.Millisecond))
+}
 
 // Decide implements backend.Backend.
 func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
@@ -216,28 +288,43 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 		b.cacheHits.Add(1)
 		return settle(reqs, out), nil
 	}
-	j, err := b.plan(reqs, out)
-	if err != nil {
+	j := b.jobs.Get().(*job)
+	if err := j.plan(b, reqs, out); err != nil {
+		b.jobs.Put(j)
 		return false, err
 	}
-	if len(j.groups) == 0 {
+	if len(j.calls) == 0 {
+		b.jobs.Put(j)
 		return settle(reqs, out), nil
 	}
 	if !b.br.allow() {
+		b.jobs.Put(j)
 		return false, errOpen
 	}
-	tctx, cancel := context.WithTimeout(ctx, b.timeout)
-	defer cancel()
-	admitted, err := b.decide(tctx, j, reqs, out)
-	if err != nil {
-		// A caller that went away says nothing about Redis.
-		if ctx.Err() == nil && countsAsFailure(err) {
-			b.br.failure()
-		}
-		return false, fmt.Errorf("%w: redis: %w", backend.ErrUnavailable, err)
+	budget := b.Budget(ctx)
+	if budget <= 0 {
+		b.jobs.Put(j)
+		return false, errShed
 	}
-	b.br.success()
-	settle(reqs, out)
+	res, since := b.co.do(j.p, budget, ctx.Done())
+	switch res {
+	case unsent:
+		b.jobs.Put(j)
+		return false, b.ranOut()
+	case inFlight:
+		// The job belongs to its sender now.
+		return false, b.ranOut()
+	case canceled:
+		if since.IsZero() {
+			b.jobs.Put(j)
+		}
+		return false, fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
+	}
+	admitted, err := j.settleCalls(ctx, b, reqs, out)
+	b.jobs.Put(j)
+	if err != nil {
+		return false, err
+	}
 	if b.cache != nil {
 		for i := range reqs {
 			if reqs[i].Limit.Rate > 0 && !repeated(reqs, i) {
@@ -248,9 +335,41 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 	return admitted, nil
 }
 
-// LocalCacheHits returns how many decisions the local over-limit cache answered without a
-// round trip.
-func (b *Backend) LocalCacheHits() uint64 { return b.cacheHits.Load() }
+// ranOut returns the error for a decision whose budget passed before Redis answered it:
+// overload. Whether the time went waiting in this process (CPU, the queue) or on Redis cannot
+// be told from here; a probe on its own connection tells, when Redis has answered nothing for
+// a while, and opens the breaker if Redis is not answering. Until then, a decision that ran out
+// of time counts as overload, not as a Redis failure.
+func (b *Backend) ranOut() error {
+	if time.Duration(b.mono()-b.lastReply.Load()) >= replyWindow {
+		b.kickProbe()
+	}
+	return errShed
+}
+
+// kickProbe pings Redis on the probe's own connection, unless a probe is in flight, and opens
+// the breaker when no answer comes within the probe timeout.
+func (b *Backend) kickProbe() {
+	if !b.probing.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer b.probing.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), b.probeTO)
+		defer cancel()
+		var err error
+		if cc, ok := b.probe.(*goredis.ClusterClient); ok {
+			err = cc.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error { return n.Ping(ctx).Err() })
+		} else {
+			err = b.probe.Ping(ctx).Err()
+		}
+		if err == nil {
+			b.lastReply.Store(b.mono())
+			return
+		}
+		b.br.trip(fmt.Errorf("no answer to a probe within %v: %w", b.probeTO, err))
+	}()
+}
 
 // fromCache answers the batch when the cache knows every request of it is denied.
 func (b *Backend) fromCache(reqs []backend.Request, out []backend.Decision, now time.Time) bool {
@@ -269,31 +388,6 @@ func (b *Backend) fromCache(reqs []backend.Request, out []backend.Decision, now 
 	return true
 }
 
-// settle returns whether the batch is admitted and, when it is not, reports the allowed
-// requests under a rate of 0 as what a check of them says, as every other allowed request of a
-// refused batch is.
-func settle(reqs []backend.Request, out []backend.Decision) bool {
-	admitted := backend.Admitted(reqs, out)
-	if !admitted {
-		for i := range reqs {
-			if reqs[i].Limit.Rate == 0 && out[i].Allowed {
-				_, out[i] = backend.Decide(backend.State{}, reqs[i].Limit, 0, 0)
-			}
-		}
-	}
-	return admitted
-}
-
-// decideRateZero decides a request under a rate of 0, which needs no state.
-func decideRateZero(r *backend.Request) backend.Decision {
-	if r.Refund {
-		_, d := backend.Refund(backend.State{}, r.Limit, 0, r.Cost)
-		return d
-	}
-	_, d := backend.Decide(backend.State{}, r.Limit, 0, r.Cost)
-	return d
-}
-
 func repeated(reqs []backend.Request, i int) bool {
 	for j := range reqs {
 		if j != i && reqs[j].Key == reqs[i].Key {
@@ -303,337 +397,10 @@ func repeated(reqs []backend.Request, i int) bool {
 	return false
 }
 
-// countsAsFailure reports whether err says Redis is unavailable, rather than refusing one call.
-func countsAsFailure(err error) bool {
-	var re goredis.Error
-	if !errors.As(err, &re) {
-		return true // network, timeout, closed pool
-	}
-	msg := re.Error()
-	for _, p := range []string{"LOADING", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "TRYAGAIN", "BUSY"} {
-		if strings.HasPrefix(msg, p) {
-			return true
-		}
-	}
-	return false
-}
-
-// group is one script call: the requests of a batch whose keys share a slot.
-type group struct {
-	slot int
-	idx  []int // request indices, in batch order
-	keys []string
-	cmd  *goredis.Cmd
-	// From the reply:
-	charged bool
-	check   []int64 // per request: the check-only remaining and reset (µs), multi only
-	delta   []int64 // per request: the change written, (µs, frac), multi only
-}
-
-type job struct {
-	groups []*group
-	multi  bool
-}
-
-// plan decides the rate-0 requests and splits the others into script calls.
-func (b *Backend) plan(reqs []backend.Request, out []backend.Decision) (*job, error) {
-	j := &job{}
-	var bySlot map[int]*group
-	refused := false
-	quota, quotaKnown, quotaKnownAllowed := 0, 0, 0
-	for i := range reqs {
-		r := &reqs[i]
-		if err := r.Limit.Validate(); err != nil {
-			return nil, fmt.Errorf("redis backend: request %d: %w", i, err)
-		}
-		if r.Mode == backend.Quota {
-			quota++
-		}
-		if r.Limit.Rate == 0 {
-			out[i] = decideRateZero(r)
-			switch {
-			case r.Mode == backend.Enforce && !out[i].Allowed:
-				refused = true
-			case r.Mode == backend.Quota:
-				quotaKnown++
-				if out[i].Allowed {
-					quotaKnownAllowed++
-				}
-			}
-			continue
-		}
-		key := storedKey(b.prefix, r.Key)
-		var g *group
-		switch {
-		case !b.cluster:
-			if len(j.groups) == 0 {
-				j.groups = append(j.groups, &group{})
-			}
-			g = j.groups[0]
-		default:
-			s := slot(key)
-			if bySlot == nil {
-				bySlot = map[int]*group{}
-			}
-			if g = bySlot[s]; g == nil {
-				g = &group{slot: s}
-				bySlot[s] = g
-				j.groups = append(j.groups, g)
-			}
-		}
-		g.idx = append(g.idx, i)
-		g.keys = append(g.keys, key)
-	}
-	if quota > 0 && quota == quotaKnown && quotaKnownAllowed == 0 {
-		refused = true // every quota request is under a rate of 0
-	}
-	j.multi = len(j.groups) > 1
-	nowArg := b.nowArg()
-	for _, g := range j.groups {
-		// A group may refuse the batch for its quota requests only when it holds every one
-		// whose outcome is not known yet, and no known one is allowed.
-		threshold := 0
-		if refused {
-			threshold = -1
-		} else if quota > 0 && quotaKnownAllowed == 0 {
-			local := 0
-			for _, i := range g.idx {
-				if reqs[i].Mode == backend.Quota {
-					local++
-				}
-			}
-			if local == quota-quotaKnown {
-				threshold = local
-			}
-		}
-		multi := 0
-		if j.multi {
-			multi = 1
-		}
-		vals := make([]byte, 0, 40*len(g.idx))
-		for _, i := range g.idx {
-			r := &reqs[i]
-			flags := int64(r.Mode) * 2
-			if r.Refund {
-				flags++
-			}
-			// Any cost beyond the burst is denied (or refunds the whole burst) and any below 0
-			// charges nothing, so the clamp changes no result and keeps the double exact.
-			cost := min(max(r.Cost, 0), r.Limit.Burst+1)
-			vals = appendValues(vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, cost, flags)
-		}
-		args := make([]any, 0, 3+len(g.keys)+5)
-		args = append(args, "evalsha", script.Hash(), len(g.keys))
-		for _, k := range g.keys {
-			args = append(args, k)
-		}
-		args = append(args, "d", nowArg, threshold, multi, vals)
-		g.cmd = goredis.NewCmd(context.Background(), args...)
-		g.cmd.SetFirstKeyPos(3)
-	}
-	return j, nil
-}
-
-// decide runs the job's script calls, fills out and undoes the charges of a batch that a slot
-// refused after others were charged.
-func (b *Backend) decide(ctx context.Context, j *job, reqs []backend.Request, out []backend.Decision) (bool, error) {
-	cmds := make([]*goredis.Cmd, len(j.groups))
-	for i, g := range j.groups {
-		cmds[i] = g.cmd
-	}
-	if b.co != nil {
-		if err := b.co.do(ctx, cmds); err != nil {
-			// The worker may still be writing the replies: leave them alone.
-			return false, err
-		}
-	} else {
-		b.exec(ctx, cmds)
-	}
-	var errs []error
-	for i, g := range j.groups {
-		g.cmd = cmds[i]
-		if err := g.parse(j.multi, out); err != nil {
-			errs = append(errs, err)
-		}
-	}
-	if len(errs) > 0 {
-		if j.multi {
-			if uerr := b.undo(ctx, j, reqs); uerr != nil {
-				errs = append(errs, uerr)
-			}
-		}
-		return false, errors.Join(errs...)
-	}
-	admitted := backend.Admitted(reqs, out)
-	if !j.multi {
-		if admitted != j.groups[0].charged {
-			return false, fmt.Errorf("script charged=%v for a batch that is admitted=%v", j.groups[0].charged, admitted)
-		}
-		return admitted, nil
-	}
-	if admitted {
-		for _, g := range j.groups {
-			if !g.charged {
-				return false, errors.New("script refused a slot of an admitted batch")
-			}
-		}
-		return true, nil
-	}
-	// Refused by some slot: report every allowed decision as the check of the unchanged state,
-	// as it will be once the charges are undone.
-	for _, g := range j.groups {
-		if !g.charged {
-			continue
-		}
-		for k, i := range g.idx {
-			if out[i].Allowed {
-				out[i].Remaining = g.check[2*k]
-				out[i].ResetAfter = time.Duration(g.check[2*k+1]) * time.Microsecond
-			}
-		}
-	}
-	return false, b.undo(ctx, j, reqs)
-}
-
-// appendValues appends vals as little-endian doubles, the form in which gcra.lua unpacks its
-// per-key values in one call. Every value is an integer below 2^53, so exact.
-func appendValues(buf []byte, vals ...int64) []byte {
-	for _, v := range vals {
-		buf = binary.LittleEndian.AppendUint64(buf, math.Float64bits(float64(v)))
-	}
-	return buf
-}
-
 // nowArg is the instant the script decides at: 0 for Redis TIME.
 func (b *Backend) nowArg() int64 {
 	if b.scriptNow != nil {
 		return b.scriptNow()
 	}
 	return 0
-}
-
-// parse reads the group's reply into out.
-func (g *group) parse(multi bool, out []backend.Decision) error {
-	if err := g.cmd.Err(); err != nil {
-		return err
-	}
-	vals, err := g.cmd.Int64Slice()
-	if err != nil {
-		return fmt.Errorf("script reply: %w", err)
-	}
-	n := len(g.idx)
-	want := 1 + 4*n
-	if multi {
-		want += 4 * n
-	}
-	if len(vals) != want {
-		return fmt.Errorf("script reply: %d values, want %d", len(vals), want)
-	}
-	g.charged = vals[0] == 1
-	for k, i := range g.idx {
-		v := vals[1+4*k:]
-		out[i] = backend.Decision{
-			Allowed:    v[0] == 1,
-			Remaining:  v[1],
-			RetryAfter: time.Duration(v[2]) * time.Microsecond,
-			ResetAfter: time.Duration(v[3]) * time.Microsecond,
-		}
-	}
-	if multi {
-		g.check = vals[1+4*n : 1+6*n]
-		g.delta = vals[1+6*n:]
-	}
-	return nil
-}
-
-// undo gives back what charged groups of a refused batch wrote.
-func (b *Backend) undo(ctx context.Context, j *job, reqs []backend.Request) error {
-	var cmds []*goredis.Cmd
-	for _, g := range j.groups {
-		if !g.charged {
-			continue
-		}
-		g.charged = false
-		var keys []string
-		var vals []byte
-		for k, i := range g.idx {
-			dus, dfrac := g.delta[2*k], g.delta[2*k+1]
-			if dus == 0 && dfrac == 0 {
-				continue
-			}
-			r := &reqs[i]
-			keys = append(keys, g.keys[k])
-			vals = appendValues(vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, dus, dfrac)
-		}
-		if len(keys) == 0 {
-			continue
-		}
-		args := make([]any, 0, 6+len(keys))
-		args = append(args, "evalsha", script.Hash(), len(keys))
-		for _, k := range keys {
-			args = append(args, k)
-		}
-		args = append(args, "u", b.nowArg(), vals)
-		c := goredis.NewCmd(context.Background(), args...)
-		c.SetFirstKeyPos(3)
-		cmds = append(cmds, c)
-	}
-	if len(cmds) == 0 {
-		return nil
-	}
-	b.exec(ctx, cmds)
-	var err error
-	for _, c := range cmds {
-		if cerr := c.Err(); cerr != nil && err == nil {
-			err = cerr
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("undoing the charges of a refused batch: %w", err)
-	}
-	return nil
-}
-
-// exec sends cmds in one pipeline (one round trip per node) and sends again, as EVAL, those that
-// found the script missing: a restart, a failover or SCRIPT FLUSH empties the script cache, and
-// EVAL both runs the script and caches it again. A NOSCRIPT call ran nothing, so this is safe.
-func (b *Backend) exec(ctx context.Context, cmds []*goredis.Cmd) {
-	b.send(ctx, cmds)
-	var again []*goredis.Cmd
-	for i, c := range cmds {
-		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			args := append([]any(nil), c.Args()...)
-			args[0], args[1] = "eval", scriptSource
-			cmds[i] = goredis.NewCmd(context.Background(), args...)
-			cmds[i].SetFirstKeyPos(3)
-			again = append(again, cmds[i])
-		}
-	}
-	if len(again) > 0 {
-		b.send(ctx, again)
-	}
-}
-
-// send sends cmds in one round trip per node; each command carries its own error.
-func (b *Backend) send(ctx context.Context, cmds []*goredis.Cmd) {
-	if len(cmds) == 1 {
-		if err := b.rdb.Process(ctx, cmds[0]); err != nil && cmds[0].Err() == nil {
-			cmds[0].SetErr(err)
-		}
-		return
-	}
-	pipe := b.rdb.Pipeline()
-	for _, c := range cmds {
-		_ = pipe.Process(ctx, c)
-	}
-	_, err := pipe.Exec(ctx)
-	var re goredis.Error
-	if err != nil && !errors.As(err, &re) {
-		// Not a reply: the round trip itself failed.
-		for _, c := range cmds {
-			if c.Err() == nil {
-				c.SetErr(err)
-			}
-		}
-	}
 }

@@ -137,10 +137,6 @@ func randomCost(rng *rand.Rand, l backend.Limit) int64 {
 	return rng.Int64N(l.Burst + 2)
 }
 
-func encodeState(s backend.State) string {
-	return fmt.Sprintf("%d %d %d %d", s.TAT, s.Frac, s.Rate, s.Period)
-}
-
 func readState(t *testing.T, rdb goredis.UniversalClient, key string) (backend.State, bool) {
 	t.Helper()
 	v, err := rdb.Get(context.Background(), key).Result()
@@ -150,9 +146,9 @@ func readState(t *testing.T, rdb goredis.UniversalClient, key string) (backend.S
 	if err != nil {
 		t.Fatal(err)
 	}
-	var s backend.State
-	if _, err := fmt.Sscanf(v, "%d %d %d %d", &s.TAT, &s.Frac, &s.Rate, &s.Period); err != nil {
-		t.Fatalf("stored state %q: %v", v, err)
+	s, ok := decodeState(v)
+	if !ok {
+		t.Fatalf("stored state %q: not a state", v)
 	}
 	return s, true
 }
@@ -183,7 +179,12 @@ func TestScriptMatchesGo(t *testing.T) {
 		key := "eq-" + strconv.Itoa(c)
 		stored := storedKey(b.prefix, key)
 		if hasState {
-			if err := b.rdb.Set(ctx, stored, encodeState(s), time.Minute).Err(); err != nil {
+			v := encodeState(s)
+			if rng.IntN(4) == 0 {
+				// The text form earlier versions stored is read too.
+				v = fmt.Sprintf("%d %d %d %d", s.TAT, s.Frac, s.Rate, s.Period)
+			}
+			if err := b.rdb.Set(ctx, stored, v, time.Minute).Err(); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -197,25 +198,22 @@ func TestScriptMatchesGo(t *testing.T) {
 		}
 		desc := fmt.Sprintf("case %d: state %+v, limit %+v, cost %d, refund %v", c, s, l, cost, refund)
 
-		j, err := b.plan([]backend.Request{req}, make([]backend.Decision, 1))
-		if err != nil {
+		j := newJob()
+		out := make([]backend.Decision, 1)
+		if err := j.plan(b, []backend.Request{req}, out); err != nil {
 			t.Fatal(err)
 		}
-		j.multi = true // also check the check-only values and the change written, for undo
-		g := j.groups[0]
-		args := g.cmd.Args()
-		args[7] = 1 // evalsha, sha, 1, key, "d", now, quota, multi
-		g.cmd = goredis.NewCmd(ctx, args...)
-		out := make([]backend.Decision, 1)
-		b.exec(ctx, []*goredis.Cmd{g.cmd})
-		if err := g.parse(true, out); err != nil {
-			t.Fatalf("%s: %v", desc, err)
+		c := &j.calls[0]
+		c.multi = true // also check the check-only values and the change written, for undo
+		b.sendCalls(j.p.calls, time.Now().Add(5*time.Second))
+		if c.err != nil {
+			t.Fatalf("%s: %v", desc, c.err)
 		}
-		if out[0] != want {
-			t.Fatalf("%s:\n got %+v\nwant %+v", desc, out[0], want)
+		if c.dec[0] != want {
+			t.Fatalf("%s:\n got %+v\nwant %+v", desc, c.dec[0], want)
 		}
-		if g.charged != want.Allowed {
-			t.Fatalf("%s: charged=%v, want %v", desc, g.charged, want.Allowed)
+		if c.charged != want.Allowed {
+			t.Fatalf("%s: charged=%v, want %v", desc, c.charged, want.Allowed)
 		}
 		got, ok := readState(t, b.rdb, stored)
 		switch {
@@ -230,10 +228,10 @@ func TestScriptMatchesGo(t *testing.T) {
 			continue
 		}
 		_, check := backend.Decide(s, l, now, 0)
-		if g.check[0] != check.Remaining || time.Duration(g.check[1])*time.Microsecond != check.ResetAfter {
-			t.Fatalf("%s: check-only remaining %d reset %dµs, want %+v", desc, g.check[0], g.check[1], check)
+		if c.check[0] != check.Remaining || time.Duration(c.check[1])*time.Microsecond != check.ResetAfter {
+			t.Fatalf("%s: check-only remaining %d reset %dµs, want %+v", desc, c.check[0], c.check[1], check)
 		}
-		if err := b.undo(ctx, j, []backend.Request{req}); err != nil {
+		if err := j.undo(ctx, b, []backend.Request{req}); err != nil {
 			t.Fatalf("%s: undo: %v", desc, err)
 		}
 		// Undone, the key holds what it held, as of now under l: what a check of it keeps.
@@ -290,7 +288,7 @@ func TestBatchesMatchMemory(t *testing.T) {
 				if err != nil {
 					t.Fatalf("step %d: %v", step, err)
 				}
-				if j, _ := b.plan(reqs, make([]backend.Decision, len(reqs))); j.multi {
+				if j := newJob(); j.plan(b, reqs, make([]backend.Decision, len(reqs))) == nil && len(j.calls) > 1 {
 					multi++
 				}
 				if gotOK != wantOK || fmt.Sprint(got) != fmt.Sprint(want) {
@@ -309,7 +307,7 @@ func TestBatchesMatchMemory(t *testing.T) {
 // the same decisions and admissions, with keys shared across batches and refused batches
 // between admitted ones, and the same state afterwards for the rounds that follow.
 func TestMergedBatchesMatchMemory(t *testing.T) {
-	b := newTestBackend(t, singleEnv, Options{})
+	b := newTestBackend(t, singleEnv, Options{Coalesce: 8})
 	now := time.Now().UnixMicro()
 	b.scriptNow = func() int64 { return now }
 	m, err := backend.NewMemory(backend.MemoryOptions{Now: func() time.Time { return time.UnixMicro(now) }})
@@ -328,15 +326,15 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 	refusedBetween := 0
 	for round := range 400 {
 		now += rng.Int64N(500_000)
-		type call struct {
+		type batch struct {
 			reqs []backend.Request
 			j    *job
 			out  []backend.Decision
 		}
+		var batches []*batch
 		var calls []*call
-		var cmds []*goredis.Cmd
 		for range 2 + rng.IntN(6) {
-			c := &call{reqs: make([]backend.Request, 1+rng.IntN(4))}
+			c := &batch{reqs: make([]backend.Request, 1+rng.IntN(4)), j: newJob()}
 			for i := range c.reqs {
 				k := rng.IntN(len(keys))
 				c.reqs[i] = backend.Request{Key: keys[k], Limit: limits[k], Cost: rng.Int64N(4),
@@ -346,32 +344,32 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 				}
 			}
 			c.out = make([]backend.Decision, len(c.reqs))
-			if c.j, err = b.plan(c.reqs, c.out); err != nil {
+			if err := c.j.plan(b, c.reqs, c.out); err != nil {
 				t.Fatal(err)
 			}
-			for _, g := range c.j.groups {
-				cmds = append(cmds, g.cmd)
-			}
-			calls = append(calls, c)
+			calls = append(calls, c.j.p.calls...)
+			batches = append(batches, c)
 		}
-		b.execMerged(ctx, cmds)
-		for n, c := range calls {
+		b.sendCalls(calls, time.Now().Add(5*time.Second))
+		for n, c := range batches {
 			want := make([]backend.Decision, len(c.reqs))
 			wantOK, _ := m.Decide(ctx, c.reqs, want)
-			if len(c.j.groups) > 0 {
-				g := c.j.groups[0]
-				if err := g.parse(false, c.out); err != nil {
+			var gotOK bool
+			if len(c.j.calls) == 0 {
+				gotOK = settle(c.reqs, c.out)
+			} else {
+				var err error
+				if gotOK, err = c.j.settleCalls(ctx, b, c.reqs, c.out); err != nil {
 					t.Fatalf("round %d batch %d: %v", round, n, err)
 				}
-				if g.charged != wantOK {
-					t.Fatalf("round %d batch %d: charged=%v, want %v", round, n, g.charged, wantOK)
+				if c.j.calls[0].charged != wantOK {
+					t.Fatalf("round %d batch %d: charged=%v, want %v", round, n, c.j.calls[0].charged, wantOK)
 				}
 			}
-			gotOK := settle(c.reqs, c.out)
 			if gotOK != wantOK || fmt.Sprint(c.out) != fmt.Sprint(want) {
 				t.Fatalf("round %d batch %d: %+v\n got %v %+v\nwant %v %+v", round, n, c.reqs, gotOK, c.out, wantOK, want)
 			}
-			if !wantOK && n > 0 && n < len(calls)-1 {
+			if !wantOK && n > 0 && n < len(batches)-1 {
 				refusedBetween++
 			}
 		}
@@ -527,8 +525,8 @@ func TestLocalCache(t *testing.T) {
 	if n := counter.count(); n != 0 {
 		t.Fatalf("100 denied requests on a cached key sent %d Redis commands, want 0", n)
 	}
-	if h := b.LocalCacheHits(); h != 100 {
-		t.Fatalf("LocalCacheHits() = %d after 100 cached answers, want 100", h)
+	if h := b.CacheHits(); h != 100 {
+		t.Fatalf("CacheHits() = %d after 100 cached answers, want 100", h)
 	}
 	steps := []struct {
 		name  string
@@ -586,12 +584,12 @@ func testBreaker(t *testing.T, coalesce int) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(context.Background(), Options{Target: target, Timeout: 200 * time.Millisecond, Coalesce: coalesce,
-		BreakerFailures: 3, BreakerCooldown: 50 * time.Millisecond,
-		OnHealthChange: func(h bool) { mu.Lock(); changes = append(changes, h); mu.Unlock() }})
+	b, err := New(context.Background(), Options{Target: target, Timeout: time.Second, Coalesce: coalesce,
+		BreakerFailures: 3, BreakerCooldown: 50 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
+	b.SubscribeHealth(func(h bool) { mu.Lock(); changes = append(changes, h); mu.Unlock() })
 	defer b.Close()
 	ctx := context.Background()
 	l := backend.Limit{Rate: 3, Period: time.Hour, Burst: 3}
@@ -611,8 +609,8 @@ func testBreaker(t *testing.T, coalesce int) {
 		if !errors.Is(err, backend.ErrUnavailable) {
 			t.Fatalf("call %d with Redis down: err %v, want ErrUnavailable", i, err)
 		}
-		if d := time.Since(start); d > 300*time.Millisecond {
-			t.Fatalf("call %d with Redis down took %v, want within the 200ms timeout", i, d)
+		if d := time.Since(start); d > 1500*time.Millisecond {
+			t.Fatalf("call %d with Redis down took %v, want within the 1s timeout", i, d)
 		}
 	}
 	if b.Healthy() {

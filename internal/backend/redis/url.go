@@ -177,6 +177,10 @@ type clientOptions struct {
 	poolSize    int
 	dialTimeout time.Duration
 	readTimeout time.Duration
+	// contextTimeout: a context's deadline bounds socket reads and writes too (a read cut short
+	// closes the connection). Otherwise it bounds waiting for a connection and dialing only,
+	// and reads and writes are bounded by readTimeout.
+	contextTimeout bool
 }
 
 // newClient connects to t. Commands are never retried by go-redis: a script whose reply was lost
@@ -197,13 +201,13 @@ func newClient(t Target, c clientOptions) goredis.UniversalClient {
 			MasterName: t.Master, SentinelAddrs: t.Addrs, SentinelUsername: t.SentinelUsername,
 			SentinelPassword: t.SentinelPassword, Username: t.Username, Password: t.Password, DB: t.DB,
 			TLSConfig: tlsConf, PoolSize: c.poolSize, DialTimeout: c.dialTimeout, ReadTimeout: c.readTimeout,
-			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: true, MaxRetries: -1, DisableIdentity: true,
+			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: c.contextTimeout, MaxRetries: -1, DisableIdentity: true,
 		})
 	case Cluster:
 		return goredis.NewClusterClient(&goredis.ClusterOptions{
 			Addrs: t.Addrs, Username: t.Username, Password: t.Password, TLSConfig: tlsConf,
 			PoolSize: c.poolSize, DialTimeout: c.dialTimeout, ReadTimeout: c.readTimeout,
-			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: true, MaxRetries: -1, DisableIdentity: true,
+			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: c.contextTimeout, MaxRetries: -1, DisableIdentity: true,
 			MaintNotificationsConfig: maint,
 		})
 	}
@@ -218,7 +222,7 @@ func newClient(t Target, c clientOptions) goredis.UniversalClient {
 	o.DialTimeout = c.dialTimeout
 	o.ReadTimeout = c.readTimeout
 	o.WriteTimeout = c.readTimeout
-	o.ContextTimeoutEnabled = true
+	o.ContextTimeoutEnabled = c.contextTimeout
 	o.MaxRetries = -1
 	o.DisableIdentity = true
 	o.MaintNotificationsConfig = maint

@@ -1,0 +1,234 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/internal/backend"
+)
+
+// job is one Decide's working state, pooled so that steady-state decisions allocate little:
+// its script calls (one on a single node; one per slot on a Cluster) and the pending entry the
+// coalescer queues.
+type job struct {
+	p     *pending
+	calls []call  // backing store of p.calls
+	slots []int   // per call: its Cluster slot
+	idx   [][]int // per call: its requests' indices, in batch order
+}
+
+func newJob() *job { return &job{p: newPending()} }
+
+// plan decides the rate-0 requests of reqs into out and splits the others into script calls.
+// It returns the requests' validation error, if any (a bug in the caller: not unavailability).
+func (j *job) plan(b *Backend, reqs []backend.Request, out []backend.Decision) error {
+	j.calls = j.calls[:0]
+	j.slots = j.slots[:0]
+	j.idx = j.idx[:0]
+	refused := false
+	quota, quotaKnown, quotaKnownAllowed := 0, 0, 0
+	for i := range reqs {
+		r := &reqs[i]
+		if err := r.Limit.Validate(); err != nil {
+			return fmt.Errorf("redis backend: request %d: %w", i, err)
+		}
+		if r.Mode == backend.Quota {
+			quota++
+		}
+		if r.Limit.Rate == 0 {
+			out[i] = decideRateZero(r)
+			switch {
+			case r.Mode == backend.Enforce && !out[i].Allowed:
+				refused = true
+			case r.Mode == backend.Quota:
+				quotaKnown++
+				if out[i].Allowed {
+					quotaKnownAllowed++
+				}
+			}
+			continue
+		}
+		key := storedKey(b.prefix, r.Key)
+		k := 0
+		if b.cluster {
+			s := slot(key)
+			for k < len(j.slots) && j.slots[k] != s {
+				k++
+			}
+			if k == len(j.slots) {
+				j.newCall(s)
+			}
+		} else if len(j.calls) == 0 {
+			j.newCall(0)
+		}
+		j.calls[k].add(key, r)
+		j.idx[k] = append(j.idx[k], i)
+	}
+	if quota > 0 && quota == quotaKnown && quotaKnownAllowed == 0 {
+		refused = true // every quota request is under a rate of 0
+	}
+	multi := len(j.calls) > 1
+	for k := range j.calls {
+		c := &j.calls[k]
+		c.multi = multi
+		// A call may refuse the batch for its quota requests only when it holds every one whose
+		// outcome is not known yet, and no known one is allowed.
+		switch {
+		case refused:
+			c.threshold = -1
+		case quota > 0 && quotaKnownAllowed == 0:
+			local := 0
+			for _, i := range j.idx[k] {
+				if reqs[i].Mode == backend.Quota {
+					local++
+				}
+			}
+			if local == quota-quotaKnown {
+				c.threshold = int64(local)
+			}
+		}
+	}
+	j.p.calls = j.p.calls[:0]
+	for k := range j.calls {
+		j.p.calls = append(j.p.calls, &j.calls[k])
+	}
+	return nil
+}
+
+// newCall appends an empty call for slot s, reusing the buffers of an earlier decision.
+func (j *job) newCall(s int) {
+	if len(j.calls) < cap(j.calls) {
+		j.calls = j.calls[:len(j.calls)+1]
+		j.idx = j.idx[:len(j.idx)+1]
+	} else {
+		j.calls = append(j.calls, call{})
+		j.idx = append(j.idx, nil)
+	}
+	j.calls[len(j.calls)-1].reset()
+	j.idx[len(j.idx)-1] = j.idx[len(j.idx)-1][:0]
+	j.slots = append(j.slots, s)
+}
+
+// settleCalls fills out from the calls' replies and returns whether the batch is admitted,
+// undoing, across Cluster slots, the charges of a batch that one slot refused.
+func (j *job) settleCalls(ctx context.Context, b *Backend, reqs []backend.Request, out []backend.Decision) (bool, error) {
+	var errs []error
+	for k := range j.calls {
+		c := &j.calls[k]
+		if c.err != nil {
+			errs = append(errs, c.err)
+			continue
+		}
+		for n, i := range j.idx[k] {
+			out[i] = c.dec[n]
+		}
+	}
+	multi := len(j.calls) > 1
+	if len(errs) > 0 {
+		if multi {
+			if uerr := j.undo(ctx, b, reqs); uerr != nil {
+				errs = append(errs, uerr)
+			}
+		}
+		return false, errors.Join(errs...)
+	}
+	admitted := settle(reqs, out)
+	if !multi {
+		if admitted != j.calls[0].charged {
+			return false, fmt.Errorf("redis backend: script charged=%v for a batch that is admitted=%v", j.calls[0].charged, admitted)
+		}
+		return admitted, nil
+	}
+	if admitted {
+		for k := range j.calls {
+			if !j.calls[k].charged {
+				return false, errors.New("redis backend: script refused a slot of an admitted batch")
+			}
+		}
+		return true, nil
+	}
+	// Refused by some slot: report every allowed decision as the check of the unchanged state,
+	// as it will be once the charges are undone.
+	for k := range j.calls {
+		c := &j.calls[k]
+		if !c.charged {
+			continue
+		}
+		for n, i := range j.idx[k] {
+			if out[i].Allowed {
+				out[i].Remaining = c.check[2*n]
+				out[i].ResetAfter = time.Duration(c.check[2*n+1]) * time.Microsecond
+			}
+		}
+	}
+	return false, j.undo(ctx, b, reqs)
+}
+
+// undo gives back what the charged calls of a refused batch wrote.
+func (j *job) undo(ctx context.Context, b *Backend, reqs []backend.Request) error {
+	var cmds []*goredis.Cmd
+	for k := range j.calls {
+		c := &j.calls[k]
+		if !c.charged || c.err != nil {
+			continue
+		}
+		c.charged = false
+		var keys []string
+		var vals []byte
+		for n, i := range j.idx[k] {
+			dus, dfrac := c.delta[2*n], c.delta[2*n+1]
+			if dus == 0 && dfrac == 0 {
+				continue
+			}
+			r := &reqs[i]
+			keys = append(keys, c.keys[n])
+			vals = appendDoubles(vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, dus, dfrac)
+		}
+		if len(keys) > 0 {
+			cmds = append(cmds, newScriptCmd(undoArgs(script.Hash(), b.nowArg(), keys, vals)))
+		}
+	}
+	if len(cmds) == 0 {
+		return nil
+	}
+	b.observe(b.exec(ctx, cmds), cmds)
+	var err error
+	for _, c := range cmds {
+		if cerr := c.Err(); cerr != nil && err == nil {
+			err = classify(cerr)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("undoing the charges of a refused batch: %w", err)
+	}
+	return nil
+}
+
+// settle returns whether the batch is admitted and, when it is not, reports the allowed
+// requests under a rate of 0 as what a check of them says, as every other allowed request of a
+// refused batch is.
+func settle(reqs []backend.Request, out []backend.Decision) bool {
+	admitted := backend.Admitted(reqs, out)
+	if !admitted {
+		for i := range reqs {
+			if reqs[i].Limit.Rate == 0 && out[i].Allowed {
+				_, out[i] = backend.Decide(backend.State{}, reqs[i].Limit, 0, 0)
+			}
+		}
+	}
+	return admitted
+}
+
+// decideRateZero decides a request under a rate of 0, which needs no state.
+func decideRateZero(r *backend.Request) backend.Decision {
+	if r.Refund {
+		_, d := backend.Refund(backend.State{}, r.Limit, 0, r.Cost)
+		return d
+	}
+	_, d := backend.Decide(backend.State{}, r.Limit, 0, r.Cost)
+	return d
+}

@@ -1,0 +1,174 @@
+package redis
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// fakeSend records the pipelines a coalescer sends and answers each call with its position;
+// hold, when set, keeps a pipeline in flight until it is closed.
+type fakeSend struct {
+	mu        sync.Mutex
+	pipelines [][]string // the first key of each call, per pipeline
+	started   chan struct{}
+	hold      chan struct{}
+}
+
+func (f *fakeSend) send(calls []*call, _ time.Time) {
+	if f.started != nil {
+		f.started <- struct{}{}
+	}
+	if f.hold != nil {
+		<-f.hold
+	}
+	var keys []string
+	for i, c := range calls {
+		keys = append(keys, c.keys[0])
+		c.threshold = int64(i) // the reply: where it went
+	}
+	f.mu.Lock()
+	f.pipelines = append(f.pipelines, keys)
+	f.mu.Unlock()
+}
+
+func pendingFor(keys ...string) *pending {
+	p := newPending()
+	for _, k := range keys {
+		p.calls = append(p.calls, &call{keys: []string{k}})
+	}
+	return p
+}
+
+// TestCoalescer: while a pipeline is in flight, callers queue; the next pipeline takes them in
+// order, up to max calls but at least one caller's; a caller whose budget passes while queued
+// is dropped unsent, one in flight is abandoned and its pipeline still completes.
+func TestCoalescer(t *testing.T) {
+	f := &fakeSend{started: make(chan struct{}, 10), hold: make(chan struct{})}
+	c := newCoalescer(f.send, 3, 1)
+	defer c.close()
+	never := make(chan struct{})
+
+	type result struct {
+		name string
+		res  waitResult
+	}
+	results := make(chan result, 10)
+	do := func(name string, p *pending, budget time.Duration) {
+		res, _ := c.do(p, budget, never)
+		results <- result{name, res}
+	}
+	go do("first", pendingFor("a"), time.Minute)
+	<-f.started // "first" is in flight, held
+
+	// Queued behind it: b (2 calls), c (1), d (2), and e with a tiny budget.
+	for i, x := range []struct {
+		name string
+		keys []string
+	}{{"b", []string{"b1", "b2"}}, {"c", []string{"c1"}}, {"d", []string{"d1", "d2"}}} {
+		go do(x.name, pendingFor(x.keys...), time.Minute)
+		waitQueued(t, c, i+1) // so that they queue in this order
+	}
+	e := pendingFor("e1")
+	if res, _ := c.do(e, time.Millisecond, never); res != unsent {
+		t.Fatalf("queued past its budget: %v, want unsent", res)
+	}
+	close(f.hold)
+	got := map[string]waitResult{}
+	for range 4 {
+		r := <-results
+		got[r.name] = r.res
+	}
+	for name, res := range got {
+		if res != replied {
+			t.Fatalf("%s: %v, want replied", name, res)
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	// b and c fit in 3 calls; d goes next, alone; e never leaves.
+	if want := "[[a] [b1 b2 c1] [d1 d2]]"; fmt.Sprint(f.pipelines) != want {
+		t.Fatalf("pipelines %v, want %s", f.pipelines, want)
+	}
+}
+
+func waitQueued(t *testing.T, c *coalescer, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		q := len(c.queue)
+		c.mu.Unlock()
+		if q >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("queue holds %d callers, want %d", q, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// TestCoalescerAbandon: a caller whose budget passes while its call is in flight returns
+// inFlight at once, with the instant its call left; the sender completes the pipeline and does
+// not signal the abandoned caller. A canceled caller returns canceled.
+func TestCoalescerAbandon(t *testing.T) {
+	f := &fakeSend{started: make(chan struct{}, 10), hold: make(chan struct{})}
+	c := newCoalescer(f.send, 8, 1)
+	defer c.close()
+	p := pendingFor("a")
+	start := time.Now()
+	res, since := c.do(p, 20*time.Millisecond, nil)
+	if res != inFlight || since.Before(start) || since.After(time.Now()) {
+		t.Fatalf("in flight past the budget: %v since %v, want inFlight since the send", res, since)
+	}
+	close(f.hold)
+	// The sender finishes the abandoned pipeline; the next caller goes out normally.
+	q := pendingFor("b")
+	if res, _ := c.do(q, time.Minute, nil); res != replied {
+		t.Fatalf("after an abandoned call: %v, want replied", res)
+	}
+	if len(p.wake) != 0 {
+		t.Fatal("the abandoned caller was signalled")
+	}
+
+	done := make(chan struct{})
+	f2 := &fakeSend{hold: make(chan struct{})}
+	c2 := newCoalescer(f2.send, 8, 1)
+	go func() { time.Sleep(10 * time.Millisecond); close(done) }()
+	if res, _ := c2.do(pendingFor("x"), time.Minute, done); res != canceled {
+		t.Fatalf("canceled caller: %v, want canceled", res)
+	}
+	close(f2.hold)
+	c2.close()
+}
+
+// TestCoalescerReuse: a pending entry is reused across many decisions, as Decide's pooled jobs
+// are, with no stale wake-up or timer firing into the next use.
+func TestCoalescerReuse(t *testing.T) {
+	f := &fakeSend{}
+	c := newCoalescer(f.send, 4, 2)
+	defer c.close()
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			p := pendingFor(fmt.Sprint("k", g))
+			for i := range 500 {
+				if res, _ := c.do(p, time.Minute, nil); res != replied {
+					t.Errorf("caller %d, use %d: %v", g, i, res)
+					return
+				}
+				if len(p.wake) != 0 {
+					t.Errorf("caller %d, use %d: a stale wake-up", g, i)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func (r waitResult) String() string {
+	return [...]string{"replied", "unsent", "inFlight", "canceled"}[r]
+}

@@ -1,0 +1,321 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/redistest"
+)
+
+// healthLog records a backend's health changes.
+type healthLog struct {
+	mu      sync.Mutex
+	changes []bool
+}
+
+func watchHealth(b *Backend) *healthLog {
+	h := &healthLog{}
+	b.SubscribeHealth(func(up bool) { h.mu.Lock(); h.changes = append(h.changes, up); h.mu.Unlock() })
+	return h
+}
+
+func (h *healthLog) String() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var s []string
+	for _, up := range h.changes {
+		s = append(s, map[bool]string{true: "up", false: "down"}[up])
+	}
+	return "[" + strings.Join(s, " ") + "]"
+}
+
+// newOwnBackend starts a redis-server for this test alone and connects with production
+// defaults, opts fields that are set kept.
+func newOwnBackend(t *testing.T, opts Options) (*Backend, *redistest.Server) {
+	t.Helper()
+	r := redistest.Start(t)
+	target, err := ParseURL(r.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Target = target
+	b, err := New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	if !b.Healthy() {
+		t.Fatal("redis not answering")
+	}
+	return b, r
+}
+
+// TestBudget: a decision's budget is the caller's deadline less a margin, capped by Timeout;
+// with no deadline, Timeout. A caller whose deadline leaves nothing is shed as overload before
+// any Redis command.
+func TestBudget(t *testing.T) {
+	b := newTestBackend(t, singleEnv, Options{Timeout: 50 * time.Millisecond})
+	within := func(ctx context.Context, lo, hi time.Duration) {
+		t.Helper()
+		if got := b.Budget(ctx); got < lo || got > hi {
+			t.Fatalf("budget %v, want within [%v, %v]", got, lo, hi)
+		}
+	}
+	within(context.Background(), 50*time.Millisecond, 50*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond) // Envoy's default
+	defer cancel()
+	within(ctx, 10*time.Millisecond, 18*time.Millisecond) // 20ms less a tenth, less time passed
+	ctx, cancel = context.WithTimeout(context.Background(), time.Hour)
+	defer cancel()
+	within(ctx, 50*time.Millisecond, 50*time.Millisecond) // capped
+
+	counter := &commandCounter{calls: make(chan string, 100)}
+	b.rdb.AddHook(counter)
+	ctx, cancel = context.WithTimeout(context.Background(), time.Millisecond)
+	defer cancel()
+	within(ctx, -time.Hour, 0)
+	l := backend.Limit{Rate: 10, Period: time.Second, Burst: 10}
+	_, err := b.Decide(ctx, []backend.Request{{Key: "tiny", Limit: l, Cost: 1}}, make([]backend.Decision, 1))
+	if !errors.Is(err, backend.ErrOverloaded) {
+		t.Fatalf("1ms deadline: %v, want ErrOverloaded", err)
+	}
+	if n := counter.count(); n != 0 {
+		t.Fatalf("a shed decision sent %d Redis commands", n)
+	}
+}
+
+// TestOverloadKeepsBreakerClosed saturates this process (one CPU, far more callers than it can
+// serve, each with Envoy's 20ms deadline) against a healthy Redis: decisions that cannot finish
+// in time are shed as overload, and the breaker never opens.
+func TestOverloadKeepsBreakerClosed(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	b, _ := newOwnBackend(t, Options{Coalesce: 64})
+	health := watchHealth(b)
+	l := backend.Limit{Rate: 1 << 30, Period: time.Second, Burst: 1 << 30}
+	var ok, overload, other atomic.Int64
+	var firstOther atomic.Value
+	stop := time.Now().Add(2 * time.Second)
+	var wg sync.WaitGroup
+	for g := range 2000 {
+		wg.Go(func() {
+			out := make([]backend.Decision, 1)
+			reqs := []backend.Request{{Key: "o" + strconv.Itoa(g), Limit: l, Cost: 1}}
+			for time.Now().Before(stop) {
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+				_, err := b.Decide(ctx, reqs, out)
+				cancel()
+				switch {
+				case err == nil:
+					ok.Add(1)
+				case errors.Is(err, backend.ErrOverloaded):
+					overload.Add(1)
+				default:
+					other.Add(1)
+					firstOther.CompareAndSwap(nil, err.Error())
+				}
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("decided %d, shed as overload %d, other errors %d", ok.Load(), overload.Load(), other.Load())
+	if h := health.String(); h != "[]" {
+		t.Fatalf("health changes %s under overload with Redis healthy, want none", h)
+	}
+	if overload.Load() == 0 {
+		t.Fatal("no decision was shed: the test did not overload this process")
+	}
+	if ok.Load() == 0 {
+		t.Fatal("nothing was decided")
+	}
+	if other.Load() > overload.Load()/100 {
+		t.Fatalf("%d errors other than overload (first: %v), %d overload", other.Load(), firstOther.Load(), overload.Load())
+	}
+}
+
+// TestTinyDeadlines: many callers with 1ms deadlines beside an ordinary one: they are shed, the
+// breaker stays closed, and the ordinary caller is answered normally every time.
+func TestTinyDeadlines(t *testing.T) {
+	b, _ := newOwnBackend(t, Options{Coalesce: 64})
+	health := watchHealth(b)
+	l := backend.Limit{Rate: 1 << 30, Period: time.Second, Burst: 1 << 30}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var shed atomic.Int64
+	for g := range 32 {
+		wg.Go(func() {
+			out := make([]backend.Decision, 1)
+			reqs := []backend.Request{{Key: "tiny" + strconv.Itoa(g), Limit: l, Cost: 1}}
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+				if _, err := b.Decide(ctx, reqs, out); errors.Is(err, backend.ErrOverloaded) {
+					shed.Add(1)
+				}
+				cancel()
+				time.Sleep(100 * time.Microsecond) // a caller's own round trip
+			}
+		})
+	}
+	defer func() { close(done); wg.Wait() }()
+	out := make([]backend.Decision, 1)
+	ordinary := backend.Limit{Rate: 1000, Period: time.Hour, Burst: 1000}
+	for i := range 300 {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		ok, err := b.Decide(ctx, []backend.Request{{Key: "ordinary", Limit: ordinary, Cost: 1}}, out)
+		cancel()
+		if err != nil || !ok || out[0].Remaining != int64(999-i) {
+			t.Fatalf("ordinary call %d: admitted=%v err=%v %+v, want admitted with %d remaining", i, ok, err, out[0], 999-i)
+		}
+	}
+	if h := health.String(); h != "[]" {
+		t.Fatalf("health changes %s, want none", h)
+	}
+	if shed.Load() == 0 {
+		t.Fatal("no 1ms caller was shed")
+	}
+}
+
+// TestRedisStopsAnswering: with Redis stopped (SIGSTOP), every decision still answers within its
+// budget, the breaker opens once a probe on its own connection gets no answer, and it closes
+// again when Redis answers.
+func TestRedisStopsAnswering(t *testing.T) {
+	b, r := newOwnBackend(t, Options{Coalesce: 64})
+	health := watchHealth(b)
+	l := backend.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+	decide := func(i int) (time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+		defer cancel()
+		budget := b.Budget(ctx)
+		start := time.Now()
+		_, err := b.Decide(ctx, []backend.Request{{Key: "s" + strconv.Itoa(i), Limit: l, Cost: 1}}, make([]backend.Decision, 1))
+		return time.Since(start) - budget, err
+	}
+	if _, err := decide(0); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	stopped := time.Now()
+	var opened time.Duration
+	var late, veryLate, total atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := 0; time.Since(stopped) < 3*time.Second; i++ {
+				over, err := decide(g*1000 + i)
+				if !errors.Is(err, backend.ErrUnavailable) {
+					t.Errorf("Redis stopped: %v, want ErrUnavailable", err)
+					return
+				}
+				total.Add(1)
+				if over > 100*time.Millisecond {
+					late.Add(1)
+				}
+				if over > 900*time.Millisecond {
+					veryLate.Add(1)
+				}
+				time.Sleep(time.Millisecond) // a caller's own round trip
+			}
+		})
+	}
+	for b.Healthy() && time.Since(stopped) < 5*time.Second {
+		time.Sleep(5 * time.Millisecond)
+	}
+	opened = time.Since(stopped)
+	wg.Wait()
+	if b.Healthy() {
+		t.Fatalf("breaker still closed %v after Redis stopped", opened)
+	}
+	t.Logf("breaker opened %v after Redis stopped", opened)
+	// None waits for Redis (its socket timeout is 1s); on a busy machine a few may wait for a
+	// CPU.
+	if n, v := late.Load(), veryLate.Load(); v > 0 || n > total.Load()/20 {
+		t.Fatalf("of %d decisions, %d answered more than 100ms past their budget, %d more than 900ms", total.Load(), n, v)
+	}
+	if err := r.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !b.Healthy() {
+		if time.Now().After(deadline) {
+			t.Fatal("breaker still open 5s after Redis came back")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, err := decide(1 << 30); err != nil {
+		t.Fatalf("after Redis came back: %v", err)
+	}
+	if h := health.String(); h != "[down up]" {
+		t.Fatalf("health changes %s, want [down up]", h)
+	}
+}
+
+// TestRefusedCredentials: a Redis that starts refusing this client (requirepass set and the
+// connections dropped: every call answers NOAUTH) opens the breaker and reports unhealthy, with
+// errors that carry no addresses; once it accepts the client again, the breaker closes.
+func TestRefusedCredentials(t *testing.T) {
+	b, r := newOwnBackend(t, Options{BreakerCooldown: 20 * time.Millisecond})
+	health := watchHealth(b)
+	admin := goredis.NewClient(&goredis.Options{Addr: r.Addr()})
+	defer admin.Close()
+	ctx := context.Background()
+	l := backend.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+	decide := func() error {
+		_, err := b.Decide(ctx, []backend.Request{{Key: "auth", Limit: l, Cost: 1}}, make([]backend.Decision, 1))
+		return err
+	}
+	if err := decide(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(ctx, "requirepass", "s3cret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(ctx, "client", "kill", "type", "normal").Err(); err != nil {
+		t.Fatal(err)
+	}
+	var last error
+	for i := 0; b.Healthy() && i < 20; i++ {
+		last = decide()
+		if !errors.Is(last, backend.ErrUnavailable) {
+			t.Fatalf("call %d refused by Redis: %v, want ErrUnavailable", i, last)
+		}
+	}
+	if b.Healthy() {
+		t.Fatalf("still healthy after 20 refused calls (last: %v)", last)
+	}
+	if msg := last.Error(); strings.Contains(msg, "127.0.0.1") || strings.Contains(msg, r.Addr()) {
+		t.Fatalf("error %q names an address", msg)
+	}
+	if err := admin.ConfigSet(ctx, "requirepass", "").Err(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !b.Healthy() {
+		if time.Now().After(deadline) {
+			t.Fatal("breaker still open 5s after Redis accepts the client again")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if err := decide(); err != nil {
+		t.Fatalf("after Redis accepts the client again: %v", err)
+	}
+	if h := health.String(); h != "[down up]" {
+		t.Fatalf("health changes %s, want [down up]", h)
+	}
+}

@@ -1,0 +1,245 @@
+package redis
+
+import (
+	"context"
+	_ "embed"
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+//go:embed gcra.lua
+var scriptSource string
+
+var script = goredis.NewScript(scriptSource)
+
+// sendCalls runs calls in one pipeline (one round trip per node) and gives each its reply or
+// error. On a single node, consecutive calls go out as one merged script call; on a Cluster
+// each call is its own script call, routed by its slot. It reports what Redis did to the
+// breaker: it is the only place that learns whether Redis answers.
+func (b *Backend) sendCalls(calls []*call, deadline time.Time) {
+	if len(calls) == 0 {
+		return
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	var cmds []*goredis.Cmd
+	var groups [][]*call // per command, the calls it carries
+	now := b.nowArg()
+	if b.cluster || len(calls) == 1 || !b.merge {
+		for i, c := range calls {
+			cmds = append(cmds, newScriptCmd(decideArgs(script.Hash(), now, c)))
+			groups = append(groups, calls[i:i+1])
+		}
+	} else {
+		cmds = append(cmds, newScriptCmd(mergedArgs(script.Hash(), now, calls)))
+		groups = append(groups, calls)
+	}
+	b.observe(b.exec(ctx, cmds), cmds)
+	for k, cmd := range cmds {
+		g := groups[k]
+		if err := cmd.Err(); err != nil {
+			for _, c := range g {
+				c.err = classify(err)
+			}
+			continue
+		}
+		reply, ok := cmd.Val().(string)
+		var derr error
+		switch {
+		case !ok:
+			derr = fmt.Errorf("script reply: %T, want a string", cmd.Val())
+		case len(g) == 1 && !isMerged(cmd):
+			derr = decodeDecide(reply, g[0])
+		default:
+			derr = decodeMerged(reply, g)
+		}
+		for _, c := range g {
+			c.err = derr
+		}
+	}
+}
+
+func isMerged(cmd *goredis.Cmd) bool {
+	a := cmd.Args()
+	n, ok := a[2].(int)
+	return ok && len(a) > 3+n && a[3+n] == opMerged
+}
+
+func newScriptCmd(args []any) *goredis.Cmd {
+	c := goredis.NewCmd(context.Background(), args...)
+	c.SetFirstKeyPos(3)
+	return c
+}
+
+// exec sends cmds in one pipeline (one round trip per node) and sends again, as EVAL, those that
+// found the script missing: a restart, a failover or SCRIPT FLUSH empties the script cache, and
+// EVAL both runs the script and caches it again. A NOSCRIPT call ran nothing, so this is safe.
+// It returns the error of the round trip itself (no connection, a timeout), if any; each command
+// carries its own error as well.
+func (b *Backend) exec(ctx context.Context, cmds []*goredis.Cmd) error {
+	if err := b.pipeline(ctx, cmds); err != nil {
+		return err
+	}
+	var again []*goredis.Cmd
+	for i, c := range cmds {
+		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			args := append([]any(nil), c.Args()...)
+			args[0], args[1] = "eval", scriptSource
+			cmds[i] = newScriptCmd(args)
+			again = append(again, cmds[i])
+		}
+	}
+	if len(again) > 0 {
+		return b.pipeline(ctx, again)
+	}
+	return nil
+}
+
+// pipeline sends cmds in one round trip per node; each command carries its own error. It
+// returns the error of the round trip itself, when it failed.
+func (b *Backend) pipeline(ctx context.Context, cmds []*goredis.Cmd) error {
+	if len(cmds) == 1 {
+		if err := b.rdb.Process(ctx, cmds[0]); err != nil {
+			if cmds[0].Err() == nil {
+				cmds[0].SetErr(err)
+			}
+			if !isReply(err) {
+				return err
+			}
+		}
+		return nil
+	}
+	pipe := b.rdb.Pipeline()
+	for _, c := range cmds {
+		_ = pipe.Process(ctx, c)
+	}
+	_, err := pipe.Exec(ctx)
+	if err != nil && !isReply(err) {
+		// Not a reply: the round trip itself failed.
+		for _, c := range cmds {
+			if c.Err() == nil {
+				c.SetErr(err)
+			}
+		}
+		return err
+	}
+	return nil
+}
+
+// isReply reports whether err is an error reply from Redis rather than a failed round trip.
+func isReply(err error) bool {
+	var re goredis.Error
+	return errors.As(err, &re) && !isNetwork(err)
+}
+
+func isNetwork(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne)
+}
+
+// unavailableReplies are the error replies that say Redis cannot serve any call now: loading,
+// failing over, refusing this client's credentials or permissions.
+var unavailableReplies = []string{
+	"LOADING", "CLUSTERDOWN", "MASTERDOWN", "READONLY", "TRYAGAIN", "BUSY", "MISCONF",
+	"NOAUTH", "WRONGPASS", "NOPERM", "NOREPLICAS", "OOM",
+}
+
+// unavailableReply reports whether err is an error reply that says Redis cannot serve calls.
+func unavailableReply(err error) bool {
+	var re goredis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	for _, p := range unavailableReplies {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// observe tells the breaker what a round trip showed about Redis: err is the round trip's own
+// error (nil when Redis replied), cmds what it carried.
+//
+// A round trip that ran out of its callers' budget before it was written (waiting for a
+// connection, dialing: context.DeadlineExceeded, or the pool's own timeout) says nothing about
+// Redis: on a saturated machine the time may have gone to this process. If Redis is really
+// gone, decisions keep timing out and the probe finds out.
+func (b *Backend) observe(err error, cmds []*goredis.Cmd) {
+	switch {
+	case err == nil:
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, goredis.ErrPoolTimeout):
+		return
+	default:
+		b.br.failure(err)
+		return
+	}
+	for _, c := range cmds {
+		if unavailableReply(c.Err()) {
+			b.br.failure(c.Err())
+			return
+		}
+	}
+	b.lastReply.Store(b.mono())
+	b.br.success()
+}
+
+// classify wraps a call's error: one that says Redis is unavailable (no connection, timed out on
+// the wire, an unavailable reply) wraps backend.ErrUnavailable; any other (a script error, a
+// bug) is returned as it is, for the service to answer INTERNAL.
+func classify(err error) error {
+	if err == nil {
+		return nil
+	}
+	if isReply(err) && !unavailableReply(err) {
+		return fmt.Errorf("redis: %w", err)
+	}
+	return &unavailableError{kind: kindOf(err), err: err}
+}
+
+// unavailableError is a failed call: it wraps backend.ErrUnavailable and the cause, and its text
+// names the kind of failure only, with no addresses.
+type unavailableError struct {
+	kind string
+	err  error
+}
+
+func (e *unavailableError) Error() string { return "redis " + e.kind }
+
+func (e *unavailableError) Unwrap() []error { return []error{errUnavailable, e.err} }
+
+// Detail returns the cause, for logs.
+func (e *unavailableError) Detail() string { return e.err.Error() }
+
+func kindOf(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case unavailableReply(err):
+		msg := err.Error()
+		if i := strings.IndexByte(msg, ' '); i > 0 {
+			msg = msg[:i]
+		}
+		return "unavailable (" + msg + ")"
+	case errors.Is(err, goredis.ErrClosed):
+		return "closed"
+	}
+	return "unreachable"
+}
+
+// load puts the script into every master's script cache through c.
+func load(ctx context.Context, c goredis.UniversalClient) error {
+	if cc, ok := c.(*goredis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error {
+			return script.Load(ctx, n).Err()
+		})
+	}
+	return script.Load(ctx, c).Err()
+}

@@ -1,0 +1,211 @@
+package redis
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/rls-project/rls/internal/backend"
+)
+
+// This file is the wire format between Go and gcra.lua, in one place: the arguments of a call
+// and the reply it gets. gcra.lua's header describes the same format from the script's side;
+// TestWireFormat pins it.
+//
+// Numbers travel as little-endian doubles, packed into one string per batch (arguments) or per
+// call (reply): the script unpacks and packs them in one call each, and Go decodes them without
+// allocating per value. Every number is an integer below 2^53, so exact as a double.
+
+// Script operations (ARGV[1]).
+const (
+	opDecide = "d"
+	opMerged = "m"
+	opUndo   = "u"
+)
+
+// Sizes, in doubles.
+const (
+	valuesPerKey  = 5 // rate, period, burst, cost, flags
+	decisionWords = 4 // allowed, remaining, retry_us, reset_us
+	multiWords    = 4 // check remaining, check reset_us, delta_us, delta_frac
+	undoPerKey    = 5 // rate, period, burst, delta_us, delta_frac
+	stateBytes    = 32
+)
+
+// call is one decide call of the script: a batch, or the part of it on one Cluster slot.
+type call struct {
+	// Arguments.
+	keys      []string // stored key names
+	vals      []byte   // per key: valuesPerKey doubles
+	threshold int64    // quota refusal threshold (see gcra.lua)
+	multi     bool     // other calls hold part of the batch: also reply check and delta
+
+	// Reply, filled by decodeDecide.
+	charged bool
+	dec     []backend.Decision // per key
+	check   []int64            // multi: per key remaining, reset µs
+	delta   []int64            // multi: per key µs, frac
+	err     error              // the call failed: no reply
+}
+
+// reset empties c for reuse, keeping its buffers.
+func (c *call) reset() {
+	c.keys = c.keys[:0]
+	c.vals = c.vals[:0]
+	c.threshold = 0
+	c.multi = false
+	c.charged = false
+	c.dec = c.dec[:0]
+	c.check = c.check[:0]
+	c.delta = c.delta[:0]
+	c.err = nil
+}
+
+// add appends a request's key and values to c.
+func (c *call) add(key string, r *backend.Request) {
+	flags := int64(r.Mode) * 2
+	if r.Refund {
+		flags++
+	}
+	// Any cost beyond the burst is denied (or refunds the whole burst) and any below 0 charges
+	// nothing, so the clamp changes no result and keeps the double exact.
+	cost := min(max(r.Cost, 0), r.Limit.Burst+1)
+	c.keys = append(c.keys, key)
+	c.vals = appendDoubles(c.vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, cost, flags)
+}
+
+// replyBytes is the length of c's reply.
+func (c *call) replyBytes() int {
+	n := 1 + decisionWords*len(c.keys)
+	if c.multi {
+		n += multiWords * len(c.keys)
+	}
+	return 8 * n
+}
+
+// decideArgs returns the EVALSHA arguments of c at the instant now (0: Redis TIME).
+func decideArgs(sha string, now int64, c *call) []any {
+	args := make([]any, 0, 3+len(c.keys)+5)
+	args = append(args, "evalsha", sha, len(c.keys))
+	for _, k := range c.keys {
+		args = append(args, k)
+	}
+	multi := "0"
+	if c.multi {
+		multi = "1"
+	}
+	return append(args, opDecide, now, c.threshold, multi, c.vals)
+}
+
+// mergedArgs returns the EVALSHA arguments of one script call that decides calls in order, as
+// they would be one after another. None of them may be multi.
+func mergedArgs(sha string, now int64, calls []*call) []any {
+	n := 0
+	for _, c := range calls {
+		n += len(c.keys)
+	}
+	args := make([]any, 0, 5+n+2*len(calls))
+	args = append(args, "evalsha", sha, n)
+	for _, c := range calls {
+		for _, k := range c.keys {
+			args = append(args, k)
+		}
+	}
+	args = append(args, opMerged, now)
+	for _, c := range calls {
+		args = append(args, c.threshold, c.vals)
+	}
+	return args
+}
+
+// undoArgs returns the EVALSHA arguments that give back what a decide call wrote; vals holds
+// undoPerKey doubles per key.
+func undoArgs(sha string, now int64, keys []string, vals []byte) []any {
+	args := make([]any, 0, 6+len(keys))
+	args = append(args, "evalsha", sha, len(keys))
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	return append(args, opUndo, now, vals)
+}
+
+// decodeDecide reads a decide reply into c.
+func decodeDecide(reply string, c *call) error {
+	if len(reply) != c.replyBytes() {
+		return fmt.Errorf("script reply: %d bytes for %d keys, want %d", len(reply), len(c.keys), c.replyBytes())
+	}
+	r := doubles(reply)
+	c.charged = r.next() == 1
+	c.dec = c.dec[:0]
+	for range c.keys {
+		c.dec = append(c.dec, backend.Decision{
+			Allowed:    r.next() == 1,
+			Remaining:  r.next(),
+			RetryAfter: time.Duration(r.next()) * time.Microsecond,
+			ResetAfter: time.Duration(r.next()) * time.Microsecond,
+		})
+	}
+	c.check, c.delta = c.check[:0], c.delta[:0]
+	if c.multi {
+		for range c.keys {
+			c.check = append(c.check, r.next(), r.next())
+			c.delta = append(c.delta, r.next(), r.next())
+		}
+	}
+	return nil
+}
+
+// decodeMerged reads the reply of mergedArgs(calls) into each call.
+func decodeMerged(reply string, calls []*call) error {
+	want := 0
+	for _, c := range calls {
+		want += c.replyBytes()
+	}
+	if len(reply) != want {
+		return fmt.Errorf("script reply: %d bytes for %d merged calls, want %d", len(reply), len(calls), want)
+	}
+	for _, c := range calls {
+		n := c.replyBytes()
+		if err := decodeDecide(reply[:n], c); err != nil {
+			return err
+		}
+		reply = reply[n:]
+	}
+	return nil
+}
+
+// encodeState is the stored form of s.
+func encodeState(s backend.State) string {
+	return string(appendDoubles(make([]byte, 0, stateBytes), s.TAT, s.Frac, s.Rate, s.Period))
+}
+
+// decodeState reads a stored state; ok is false for a value the script would ignore.
+func decodeState(v string) (s backend.State, ok bool) {
+	if len(v) != stateBytes {
+		return backend.State{}, false
+	}
+	r := doubles(v)
+	return backend.State{TAT: r.next(), Frac: r.next(), Rate: r.next(), Period: r.next()}, true
+}
+
+// appendDoubles appends vals as little-endian doubles. Every value must be an integer below
+// 2^53 in magnitude, so exact.
+func appendDoubles(buf []byte, vals ...int64) []byte {
+	for _, v := range vals {
+		buf = binary.LittleEndian.AppendUint64(buf, math.Float64bits(float64(v)))
+	}
+	return buf
+}
+
+// doubleReader reads little-endian doubles as integers; the caller checks the length first.
+type doubleReader struct{ s string }
+
+func doubles(s string) *doubleReader { return &doubleReader{s} }
+
+func (r *doubleReader) next() int64 {
+	var b [8]byte
+	copy(b[:], r.s[:8])
+	r.s = r.s[8:]
+	return int64(math.Float64frombits(binary.LittleEndian.Uint64(b[:])))
+}

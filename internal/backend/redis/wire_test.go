@@ -1,0 +1,137 @@
+package redis
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/internal/backend"
+)
+
+// doublesOf packs vals as the script does: little-endian doubles.
+func doublesOf(vals ...float64) string {
+	var b []byte
+	for _, v := range vals {
+		b = binary.LittleEndian.AppendUint64(b, math.Float64bits(v))
+	}
+	return string(b)
+}
+
+// TestWireFormat pins the format gcra.lua's header describes: the arguments of each operation
+// and how each reply reads.
+func TestWireFormat(t *testing.T) {
+	l := backend.Limit{Rate: 7, Period: 3 * time.Second, Burst: 5}
+	newCall := func(multi bool, reqs ...backend.Request) *call {
+		c := &call{multi: multi, threshold: 2}
+		for i := range reqs {
+			c.add(fmt.Sprintf("rls:k%d", i), &reqs[i])
+		}
+		return c
+	}
+
+	t.Run("decide arguments", func(t *testing.T) {
+		c := newCall(false,
+			backend.Request{Limit: l, Cost: 1, Mode: backend.Quota},
+			backend.Request{Limit: l, Cost: 1 << 40, Refund: true, Mode: backend.Shadow}, // cost clamped to burst+1
+			backend.Request{Limit: l, Cost: -3})                                          // and to 0
+		args := decideArgs("sha", 0, c)
+		want := []any{"evalsha", "sha", 3, "rls:k0", "rls:k1", "rls:k2", "d", int64(0), int64(2), "0"}
+		if fmt.Sprint(args[:len(want)]) != fmt.Sprint(want) {
+			t.Fatalf("args %v, want %v then the values", args[:len(want)], want)
+		}
+		vals := string(args[len(want)].([]byte))
+		wantVals := doublesOf(7, 3e6, 5, 1, 4) + doublesOf(7, 3e6, 5, 6, 3) + doublesOf(7, 3e6, 5, 0, 0)
+		if vals != wantVals {
+			t.Fatalf("values %x, want %x", vals, wantVals)
+		}
+		if c.multi = true; decideArgs("sha", 5, c)[9] != "1" {
+			t.Fatal("a multi call does not say so")
+		}
+	})
+
+	t.Run("merged arguments", func(t *testing.T) {
+		a := newCall(false, backend.Request{Limit: l, Cost: 1})
+		b := newCall(false, backend.Request{Limit: l, Cost: 2}, backend.Request{Limit: l, Cost: 3})
+		b.threshold = -1
+		args := mergedArgs("sha", 9, []*call{a, b})
+		want := fmt.Sprint([]any{"evalsha", "sha", 3, "rls:k0", "rls:k0", "rls:k1", "m", int64(9), int64(2), a.vals, int64(-1), b.vals})
+		if fmt.Sprint(args) != want {
+			t.Fatalf("args %v, want %v", args, want)
+		}
+	})
+
+	t.Run("undo arguments", func(t *testing.T) {
+		vals := appendDoubles(nil, 7, 3_000_000, 5, 428_571, 3)
+		args := undoArgs("sha", 0, []string{"rls:k0"}, vals)
+		want := fmt.Sprint([]any{"evalsha", "sha", 1, "rls:k0", "u", int64(0), vals})
+		if fmt.Sprint(args) != want {
+			t.Fatalf("args %v, want %v", args, want)
+		}
+	})
+
+	for _, tc := range []struct {
+		name  string
+		multi bool
+		n     int
+		reply string
+		want  string // fmt of charged, decisions, check, delta; or the error
+	}{
+		{name: "one key admitted", n: 1, reply: doublesOf(1, 1, 4, 0, 428572),
+			want: "true [{true 4 0s 428.572ms}] [] []"},
+		{name: "two keys, one denied", n: 2, reply: doublesOf(0, 1, 3, 0, 10, 0, 0, 250000, 1e6),
+			want: "false [{true 3 0s 10µs} {false 0 250ms 1s}] [] []"},
+		{name: "multi", multi: true, n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3),
+			want: "true [{true 4 0s 428.572ms}] [5 0] [428571 3]"},
+		{name: "short", n: 2, reply: doublesOf(1, 1, 4, 0, 428572),
+			want: "script reply: 40 bytes for 2 keys, want 72"},
+		{name: "not doubles", n: 1, reply: "OK",
+			want: "script reply: 2 bytes for 1 keys, want 40"},
+		{name: "multi reply for a plain call", n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3),
+			want: "script reply: 72 bytes for 1 keys, want 40"},
+	} {
+		t.Run("reply "+tc.name, func(t *testing.T) {
+			c := &call{multi: tc.multi, keys: make([]string, tc.n)}
+			got := ""
+			if err := decodeDecide(tc.reply, c); err != nil {
+				got = err.Error()
+			} else {
+				got = fmt.Sprint(c.charged, c.dec, c.check, c.delta)
+			}
+			if got != tc.want {
+				t.Fatalf("got  %s\nwant %s", got, tc.want)
+			}
+		})
+	}
+
+	t.Run("merged reply", func(t *testing.T) {
+		a := &call{keys: make([]string, 1)}
+		b := &call{keys: make([]string, 2)}
+		reply := doublesOf(0, 0, 2, 100, 200) + doublesOf(1, 1, 1, 0, 5, 1, 0, 0, 6)
+		if err := decodeMerged(reply, []*call{a, b}); err != nil {
+			t.Fatal(err)
+		}
+		if got := fmt.Sprint(a.charged, a.dec, b.charged, b.dec); got != "false [{false 2 100µs 200µs}] true [{true 1 0s 5µs} {true 0 0s 6µs}]" {
+			t.Fatalf("got %s", got)
+		}
+		if err := decodeMerged(reply[:len(reply)-8], []*call{a, b}); err == nil || !strings.Contains(err.Error(), "2 merged calls") {
+			t.Fatalf("short merged reply: %v", err)
+		}
+	})
+
+	t.Run("state", func(t *testing.T) {
+		s := backend.State{TAT: 1_796_000_000_123_456, Frac: 6, Rate: 7, Period: 3_000_000}
+		v := encodeState(s)
+		if v != doublesOf(1_796_000_000_123_456, 6, 7, 3e6) {
+			t.Fatalf("stored %x", v)
+		}
+		if got, ok := decodeState(v); !ok || got != s {
+			t.Fatalf("decoded %+v %v, want %+v", got, ok, s)
+		}
+		if _, ok := decodeState("1796000000123456 6 7 3000000"); ok {
+			t.Fatal("the text form decodes as a state")
+		}
+	})
+}

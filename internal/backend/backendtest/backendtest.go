@@ -92,12 +92,21 @@ var cases = []struct {
 		}
 	}},
 	{"cost above burst touches nothing", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
+		// A full burst of 5 at 10 per hour spans 30 minutes. A cost that can never pass is told to
+		// retry after the reset plus one full burst span: never "retry now".
 		k, l := key("huge"), perHour(10, 5)
-		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 6}); d.Allowed || d.Remaining != 5 {
-			t.Fatalf("cost 6 on burst 5: got %+v, want denied with remaining 5", d)
+		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 6}); d.Allowed || d.Remaining != 5 || d.RetryAfter != 30*time.Minute || d.ResetAfter != 0 {
+			t.Fatalf("cost 6 on burst 5, fresh key: got %+v, want denied with remaining 5, retry after 30m, reset 0", d)
 		}
-		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 5}); !d.Allowed || d.Remaining != 0 {
-			t.Fatalf("cost 5 after: got %+v, want allowed with remaining 0", d)
+		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 2}); !d.Allowed || d.Remaining != 3 {
+			t.Fatalf("cost 2 after: got %+v, want allowed with remaining 3", d)
+		}
+		d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 6})
+		if d.Allowed || d.Remaining != 3 || d.ResetAfter <= 11*time.Minute || d.ResetAfter > 12*time.Minute || d.RetryAfter != d.ResetAfter+30*time.Minute {
+			t.Fatalf("cost 6 with 2 used: got %+v, want denied with remaining 3, reset within (11m, 12m], retry after the reset + 30m", d)
+		}
+		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 3}); !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("cost 3 after: got %+v, want allowed with remaining 0", d)
 		}
 	}},
 	{"refund", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {

@@ -176,6 +176,35 @@ var cases = []struct {
 			t.Fatalf("after denied 2+2: remaining %d, want 3", d.Remaining)
 		}
 	}},
+	{"a refused batch applies no refund and keeps refunds allowed", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
+		kr, kz, kd, l := key("rf-r"), key("rf-z"), key("rf-d"), perHour(10, 5)
+		one(t, b, backend.Request{Key: kr, Limit: l, Cost: 3})
+		out, admitted := batch(t, b, []backend.Request{
+			{Key: kr, Limit: l, Cost: 2, Refund: true},
+			{Key: kz, Limit: backend.Limit{Rate: 0, Period: time.Minute}, Cost: 1, Refund: true},
+			{Key: kd, Limit: perHour(10, 1), Cost: 2},
+		})
+		if admitted || !out[0].Allowed || out[0].Remaining != 2 || !out[1].Allowed || out[2].Allowed {
+			t.Fatalf("got admitted=%v %+v, want refused; both refunds allowed, the first reporting the unchanged remaining 2", admitted, out)
+		}
+		if d := one(t, b, backend.Request{Key: kr, Limit: l, Cost: 0}); d.Remaining != 2 {
+			t.Fatalf("after the refused refund: remaining %d, want 2", d.Remaining)
+		}
+	}},
+	{"a key repeated in a refused batch reports the stored state", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
+		k, kd, l := key("rep-k"), key("rep-d"), perHour(10, 5)
+		one(t, b, backend.Request{Key: kd, Limit: l, Cost: 5})
+		out, admitted := batch(t, b, []backend.Request{
+			{Key: k, Limit: l, Cost: 2},
+			{Key: k, Limit: l, Cost: 2},
+			{Key: kd, Limit: l, Cost: 1},
+			{Key: k, Limit: l, Cost: 2, Mode: backend.Shadow},
+		})
+		// The shadow request saw the 4 charged before it in the batch: denied with remaining 1.
+		if admitted || !out[0].Allowed || out[0].Remaining != 5 || !out[1].Allowed || out[1].Remaining != 5 || out[2].Allowed || out[3].Allowed || out[3].Remaining != 1 {
+			t.Fatalf("got admitted=%v %+v, want refused; the allowed requests on k report remaining 5, the shadow one denied with remaining 1", admitted, out)
+		}
+	}},
 	{"rate zero denies", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
 		d := one(t, b, backend.Request{Key: key("zero"), Limit: backend.Limit{Rate: 0, Period: time.Minute}, Cost: 1})
 		if d.Allowed || d.Remaining != 0 {

@@ -198,3 +198,55 @@ func BenchmarkMemoryDecide(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkMemoryDecideBatch decides batches of 8 keys held, as a request with several
+// descriptors does.
+func BenchmarkMemoryDecideBatch(b *testing.B) {
+	m, err := backend.NewMemory(backend.MemoryOptions{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := backend.Limit{Rate: 1 << 30, Period: 100 * 24 * time.Hour, Burst: 1 << 30}
+	reqs := make([]backend.Request, 8)
+	for i := range reqs {
+		reqs[i] = backend.Request{Key: fmt.Sprintf("5:bench|6:api_key|%d", i), Limit: l, Cost: 1}
+	}
+	out := make([]backend.Decision, len(reqs))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := m.Decide(context.Background(), reqs, out); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkMemoryDecideChurn decides a key not held on every call while earlier keys go idle
+// and leave: the path of many distinct keys each seen briefly.
+func BenchmarkMemoryDecideChurn(b *testing.B) {
+	now := time.Unix(1_700_000_000, 0)
+	m, err := backend.NewMemory(backend.MemoryOptions{Now: func() time.Time { return now }})
+	if err != nil {
+		b.Fatal(err)
+	}
+	l := backend.Limit{Rate: 1, Period: 100 * time.Microsecond, Burst: 1} // a key is idle 100µs after
+	keys := make([]string, 100_000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("5:bench|6:api_key|%d", i)
+	}
+	reqs := []backend.Request{{Limit: l, Cost: 1}}
+	out := make([]backend.Decision, 1)
+	i := 0
+	b.ReportAllocs()
+	for b.Loop() {
+		now = now.Add(10 * time.Microsecond)
+		reqs[0].Key = keys[i%len(keys)]
+		i++
+		if _, err := m.Decide(context.Background(), reqs, out); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.StopTimer()
+	if m.Len() > 1000 {
+		b.Fatalf("%d keys held: idle keys do not leave", m.Len())
+	}
+}

@@ -1,6 +1,7 @@
 // Package backend decides rate limits: the Limit and Decision value types, GCRA as pure
 // functions over integer time, and the stores that keep GCRA state (memory, redis) behind one
-// small interface.
+// small interface. DecideBatch states the rules of a batch (all or nothing, repeated keys,
+// shadow and quota requests) once; every store applies what it decides.
 //
 // Time is counted in integer microseconds and the theoretical arrival time (TAT) is kept as an
 // exact rational (microseconds plus a remainder in units of 1/Rate µs), so a limit such as

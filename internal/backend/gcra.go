@@ -165,9 +165,12 @@ func (t tick) state(l Limit) State {
 
 // Decide applies GCRA: it charges cost requests to the key whose state is s, at time now
 // (microseconds), and returns the new state and the decision. A denied decision leaves the state
-// unchanged: the returned state is s. A cost
-// of 0 only checks. A cost above the burst can never be admitted: it is denied without touching
-// the state, with RetryAfter equal to ResetAfter. l must be valid (see Limit.Validate).
+// unchanged: the returned state is s. A cost of 0 only checks. A cost above the burst can never
+// be admitted: it is denied without touching the state, with Remaining and ResetAfter as for any
+// denial and RetryAfter the time to a full burst (ResetAfter) plus one full burst span
+// (Burst×Period/Rate, rounded up): never zero, so that no client reads it as "retry now". Under
+// a Rate of 0 every request is denied with RetryAfter equal to the Period. l must be valid (see
+// Limit.Validate).
 func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{RetryAfter: l.Period}
@@ -179,7 +182,7 @@ func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
 	headroom := sub(add(nowT, full, l.Rate), tat, l.Rate)
 	if cost > l.Burst {
 		reset := ceilDuration(sub(tat, nowT, l.Rate))
-		return s, Decision{Remaining: count(headroom, l), RetryAfter: reset, ResetAfter: reset}
+		return s, Decision{Remaining: count(headroom, l), RetryAfter: ceilDuration(full) + reset, ResetAfter: reset}
 	}
 	if cost < 0 {
 		cost = 0

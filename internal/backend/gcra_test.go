@@ -55,6 +55,38 @@ func TestDeniedLeavesStateUnchanged(t *testing.T) {
 	}
 }
 
+// TestCostAboveBurst: a cost above the burst can never pass. It is denied without touching the
+// state, and RetryAfter is the time to a full burst plus one full burst span, never zero, so
+// that "retry now" is never said of a request that cannot pass.
+func TestCostAboveBurst(t *testing.T) {
+	l := Limit{Rate: 2, Period: time.Second, Burst: 3}   // T = 500ms, full burst = 1.5s
+	odd := Limit{Rate: 3, Period: time.Second, Burst: 2} // T = 333⅓ms, full burst = 666⅔ms
+	t0 := int64(1_000_000_000_000)
+	used, _ := Decide(State{}, l, t0, 2)      // 2 of 3 used at t0
+	oddUsed, _ := Decide(State{}, odd, t0, 1) // 1 of 2 used at t0: TAT t0 + 333⅓ms
+	tests := []struct {
+		name string
+		s    State
+		l    Limit
+		at   int64
+		cost int64
+		want Decision
+	}{
+		{"fresh key", State{}, l, t0, 4, Decision{Remaining: 3, RetryAfter: 1500 * time.Millisecond}},
+		{"far above", State{}, l, t0, 1 << 40, Decision{Remaining: 3, RetryAfter: 1500 * time.Millisecond}},
+		{"2 used", used, l, t0, 4, Decision{Remaining: 1, RetryAfter: 2500 * time.Millisecond, ResetAfter: time.Second}},
+		{"2 used, half refilled", used, l, t0 + sec/4, 4, Decision{Remaining: 1, RetryAfter: 2250 * time.Millisecond, ResetAfter: 750 * time.Millisecond}},
+		{"fractional spans round up each", oddUsed, odd, t0, 3, Decision{Remaining: 1, RetryAfter: 666667*time.Microsecond + 333334*time.Microsecond, ResetAfter: 333334 * time.Microsecond}},
+		{"rate 0", State{}, Limit{Period: time.Minute}, t0, 4, Decision{RetryAfter: time.Minute}},
+	}
+	for _, tc := range tests {
+		got, d := Decide(tc.s, tc.l, tc.at, tc.cost)
+		if d != tc.want || got != tc.s {
+			t.Errorf("%s: got %+v state %+v, want %+v state unchanged %+v", tc.name, d, got, tc.want, tc.s)
+		}
+	}
+}
+
 func TestRefund(t *testing.T) {
 	l := Limit{Rate: 10, Period: time.Minute, Burst: 10}
 	now := int64(100 * sec)

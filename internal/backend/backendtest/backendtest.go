@@ -92,12 +92,21 @@ var cases = []struct {
 		}
 	}},
 	{"cost above burst touches nothing", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
+		// A full burst of 5 at 10 per hour spans 30 minutes. A cost that can never pass is told to
+		// retry after the reset plus one full burst span: never "retry now".
 		k, l := key("huge"), perHour(10, 5)
-		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 6}); d.Allowed || d.Remaining != 5 {
-			t.Fatalf("cost 6 on burst 5: got %+v, want denied with remaining 5", d)
+		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 6}); d.Allowed || d.Remaining != 5 || d.RetryAfter != 30*time.Minute || d.ResetAfter != 0 {
+			t.Fatalf("cost 6 on burst 5, fresh key: got %+v, want denied with remaining 5, retry after 30m, reset 0", d)
 		}
-		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 5}); !d.Allowed || d.Remaining != 0 {
-			t.Fatalf("cost 5 after: got %+v, want allowed with remaining 0", d)
+		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 2}); !d.Allowed || d.Remaining != 3 {
+			t.Fatalf("cost 2 after: got %+v, want allowed with remaining 3", d)
+		}
+		d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 6})
+		if d.Allowed || d.Remaining != 3 || d.ResetAfter <= 11*time.Minute || d.ResetAfter > 12*time.Minute || d.RetryAfter != d.ResetAfter+30*time.Minute {
+			t.Fatalf("cost 6 with 2 used: got %+v, want denied with remaining 3, reset within (11m, 12m], retry after the reset + 30m", d)
+		}
+		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 3}); !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("cost 3 after: got %+v, want allowed with remaining 0", d)
 		}
 	}},
 	{"refund", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
@@ -165,6 +174,35 @@ var cases = []struct {
 		}
 		if d := one(t, b, backend.Request{Key: k2, Limit: l, Cost: 0}); d.Remaining != 3 {
 			t.Fatalf("after denied 2+2: remaining %d, want 3", d.Remaining)
+		}
+	}},
+	{"a refused batch applies no refund and keeps refunds allowed", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
+		kr, kz, kd, l := key("rf-r"), key("rf-z"), key("rf-d"), perHour(10, 5)
+		one(t, b, backend.Request{Key: kr, Limit: l, Cost: 3})
+		out, admitted := batch(t, b, []backend.Request{
+			{Key: kr, Limit: l, Cost: 2, Refund: true},
+			{Key: kz, Limit: backend.Limit{Rate: 0, Period: time.Minute}, Cost: 1, Refund: true},
+			{Key: kd, Limit: perHour(10, 1), Cost: 2},
+		})
+		if admitted || !out[0].Allowed || out[0].Remaining != 2 || !out[1].Allowed || out[2].Allowed {
+			t.Fatalf("got admitted=%v %+v, want refused; both refunds allowed, the first reporting the unchanged remaining 2", admitted, out)
+		}
+		if d := one(t, b, backend.Request{Key: kr, Limit: l, Cost: 0}); d.Remaining != 2 {
+			t.Fatalf("after the refused refund: remaining %d, want 2", d.Remaining)
+		}
+	}},
+	{"a key repeated in a refused batch reports the stored state", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
+		k, kd, l := key("rep-k"), key("rep-d"), perHour(10, 5)
+		one(t, b, backend.Request{Key: kd, Limit: l, Cost: 5})
+		out, admitted := batch(t, b, []backend.Request{
+			{Key: k, Limit: l, Cost: 2},
+			{Key: k, Limit: l, Cost: 2},
+			{Key: kd, Limit: l, Cost: 1},
+			{Key: k, Limit: l, Cost: 2, Mode: backend.Shadow},
+		})
+		// The shadow request saw the 4 charged before it in the batch: denied with remaining 1.
+		if admitted || !out[0].Allowed || out[0].Remaining != 5 || !out[1].Allowed || out[1].Remaining != 5 || out[2].Allowed || out[3].Allowed || out[3].Remaining != 1 {
+			t.Fatalf("got admitted=%v %+v, want refused; the allowed requests on k report remaining 5, the shadow one denied with remaining 1", admitted, out)
 		}
 	}},
 	{"rate zero denies", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {

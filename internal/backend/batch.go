@@ -1,0 +1,44 @@
+package backend
+
+// DecideBatch decides reqs as one unit, all or nothing, at now (µs since the Unix epoch), and
+// reports whether the batch is admitted (Admitted(reqs, out)). states[i] is the stored state of
+// reqs[i].Key before the batch; every occurrence of one key carries the same state. It writes
+// out[i] and next[i] for every i (len(out), len(next) ≥ len(reqs)); a later occurrence of a key
+// decides on the state its earlier occurrences left. When admitted, the state to store for a key
+// is next[i] of its last occurrence (Fresh(now): delete it); when refused, nothing is stored,
+// every next[i] is states[i], and every allowed decision reports a check (cost 0) of states[i].
+// Denied decisions report the state they saw. Refunds are always allowed.
+//
+// DecideBatch is the one statement of the batch rules: every backend stores what it says. It
+// allocates nothing; finding a key's earlier occurrence is a scan, quadratic in len(reqs), which
+// costs less than any index for batches of a few dozen requests.
+func DecideBatch(states []State, reqs []Request, now int64, out []Decision, next []State) bool {
+	for i := range reqs {
+		r := &reqs[i]
+		cur := states[i]
+		for j := i - 1; j >= 0; j-- {
+			if reqs[j].Key == r.Key {
+				cur = next[j]
+				break
+			}
+		}
+		if r.Refund {
+			next[i], out[i] = Refund(cur, r.Limit, now, r.Cost)
+		} else {
+			next[i], out[i] = Decide(cur, r.Limit, now, r.Cost)
+		}
+	}
+	if Admitted(reqs, out) {
+		return true
+	}
+	for i := range reqs {
+		next[i] = states[i]
+		if out[i].Allowed {
+			// A check of the state the batch found. Under a rate above 0, Refund of 0 and Decide
+			// of 0 give the same decision; under a rate of 0 only refunds are allowed, and a
+			// refund stays allowed.
+			_, out[i] = Refund(states[i], reqs[i].Limit, now, 0)
+		}
+	}
+	return false
+}

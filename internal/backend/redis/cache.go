@@ -53,7 +53,12 @@ func (d *denials) learn(r *backend.Request, dec backend.Decision, sent time.Time
 	case r.Refund:
 		// A refund can admit the key sooner than the cached instant.
 		d.c.Remove(r.Key)
-	case !dec.Allowed && dec.RetryAfter > 0:
+	case dec.Allowed:
+		// The key's state changed: what a cached denial says of it is stale.
+		d.c.Remove(r.Key)
+	case r.Cost > r.Limit.Burst:
+		// Never admitted, but its RetryAfter is no instant of admission to cache until.
+	case dec.RetryAfter > 0:
 		d.c.Add(r.Key, denial{limit: r.Limit, cost: r.Cost, until: sent.Add(dec.RetryAfter),
 			reset: sent.Add(dec.ResetAfter), remaining: dec.Remaining})
 	}

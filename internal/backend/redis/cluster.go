@@ -208,19 +208,10 @@ func (j *job) undo(ctx context.Context, b *Backend, reqs []backend.Request) erro
 	return nil
 }
 
-// settle returns whether the batch is admitted and, when it is not, reports the allowed
-// requests under a rate of 0 as what a check of them says, as every other allowed request of a
-// refused batch is.
+// settle returns whether the batch is admitted. The allowed requests under a rate of 0 (refunds)
+// stay allowed in a refused batch, as backend.DecideBatch reports them.
 func settle(reqs []backend.Request, out []backend.Decision) bool {
-	admitted := backend.Admitted(reqs, out)
-	if !admitted {
-		for i := range reqs {
-			if reqs[i].Limit.Rate == 0 && out[i].Allowed {
-				_, out[i] = backend.Decide(backend.State{}, reqs[i].Limit, 0, 0)
-			}
-		}
-	}
-	return admitted
+	return backend.Admitted(reqs, out)
 }
 
 // decideRateZero decides a request under a rate of 0, which needs no state.

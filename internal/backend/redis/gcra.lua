@@ -226,7 +226,9 @@ local function load(key)
   if not v then
     return false
   end
-  if #v == 32 then
+  -- The last byte of the packed form is the high byte of a period >= 1 as a double: 0x3F or
+  -- more, never a digit as the text form ends with.
+  if #v == 32 and string.byte(v, 32) > 57 then
     local a, b, c, d = unpack("<dddd", v)
     return {a, b, c, d}
   end

@@ -200,6 +200,10 @@ func classify(err error) error {
 	if isReply(err) && !unavailableReply(err) {
 		return fmt.Errorf("redis: %w", err)
 	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, goredis.ErrPoolTimeout) {
+		// The callers' budgets passed before the call was written: overload (see observe).
+		return errShed
+	}
 	return &unavailableError{kind: kindOf(err), err: err}
 }
 

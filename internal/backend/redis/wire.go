@@ -182,8 +182,8 @@ func encodeState(s backend.State) string {
 
 // decodeState reads a stored state; ok is false for a value the script would ignore.
 func decodeState(v string) (s backend.State, ok bool) {
-	if len(v) != stateBytes {
-		return backend.State{}, false
+	if len(v) != stateBytes || v[stateBytes-1] <= '9' {
+		return backend.State{}, false // not packed: the text form ends with a digit
 	}
 	r := doubles(v)
 	return backend.State{TAT: r.next(), Frac: r.next(), Rate: r.next(), Period: r.next()}, true

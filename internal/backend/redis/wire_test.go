@@ -130,8 +130,10 @@ func TestWireFormat(t *testing.T) {
 		if got, ok := decodeState(v); !ok || got != s {
 			t.Fatalf("decoded %+v %v, want %+v", got, ok, s)
 		}
-		if _, ok := decodeState("1796000000123456 6 7 3000000"); ok {
-			t.Fatal("the text form decodes as a state")
+		for _, text := range []string{"1796000000123456 6 7 3000000", "1796061026251098 1 54 3600000000"} {
+			if _, ok := decodeState(text); ok {
+				t.Fatalf("the text form %q (%d bytes) decodes as a packed state", text, len(text))
+			}
 		}
 	})
 }

@@ -348,13 +348,16 @@ func (b *Backend) ranOut() error {
 }
 
 // kickProbe pings Redis on the probe's own connection, unless a probe is in flight, and opens
-// the breaker when no answer comes within the probe timeout.
+// the breaker when Redis answers nothing within the probe timeout. A probe says nothing when
+// this process was too starved of CPU to tell: when it returned far later than its timeout, or
+// when some other call got a reply meanwhile (Redis answers, this process is slow to read).
 func (b *Backend) kickProbe() {
 	if !b.probing.CompareAndSwap(false, true) {
 		return
 	}
 	go func() {
 		defer b.probing.Store(false)
+		start := b.mono()
 		ctx, cancel := context.WithTimeout(context.Background(), b.probeTO)
 		defer cancel()
 		var err error
@@ -363,11 +366,17 @@ func (b *Backend) kickProbe() {
 		} else {
 			err = b.probe.Ping(ctx).Err()
 		}
-		if err == nil {
+		took := time.Duration(b.mono() - start)
+		switch {
+		case err == nil:
 			b.lastReply.Store(b.mono())
-			return
+		case isReply(err) && !unavailableReply(err):
+			b.lastReply.Store(b.mono())
+		case b.lastReply.Load() > start || took > 2*b.probeTO:
+			b.log.Debug("redis probe inconclusive: this process is starved of CPU", "took", took, "err", err)
+		default:
+			b.br.trip(fmt.Errorf("no answer to a probe within %v: %w", b.probeTO, err))
 		}
-		b.br.trip(fmt.Errorf("no answer to a probe within %v: %w", b.probeTO, err))
 	}()
 }
 

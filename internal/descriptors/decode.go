@@ -1,6 +1,7 @@
 package descriptors
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -45,6 +46,21 @@ type rawLimit struct {
 	api.RateLimit
 	node                  *yaml.Node
 	perUnit, burst, multi *yaml.Node
+}
+
+// spend charges n units of work, done at node at, to the file's budget. It reports false, and
+// records the error once, when the budget is spent: anchors and aliases can make a small file
+// expand to very many nodes, while a file without them never spends more than its size.
+func (b *builder) spend(at *yaml.Node, n int) bool {
+	b.visits += n
+	if b.visits <= b.budget {
+		return true
+	}
+	if !b.overBudget {
+		b.overBudget = true
+		b.errorf(at.Line, "anchors and aliases expand the file to more than %d nodes", b.budget)
+	}
+	return false
 }
 
 // rawf records an error about the file's shape, named by file and line only (as yaml's own).
@@ -94,6 +110,9 @@ func (b *builder) mapping(n *yaml.Node, typ string, known []string, f func(field
 }
 
 func (b *builder) mappingFrom(n *yaml.Node, typ string, known []string, f func(int, *yaml.Node, *yaml.Node), seen *uint64, depth int) {
+	if !b.spend(n, len(n.Content)/2+1) {
+		return
+	}
 	var merges []*yaml.Node
 	for i := 0; i+1 < len(n.Content); i += 2 {
 		k, v := n.Content[i], n.Content[i+1]
@@ -184,6 +203,8 @@ func count(v *yaml.Node) (n uint32, set bool, err error) {
 	case "!!int":
 		i, err := strconv.ParseInt(plain, 0, 64)
 		switch {
+		case err != nil && !errors.Is(err, strconv.ErrRange):
+			return 0, true, fmt.Errorf("must be a whole number, got %s", s.Value)
 		case err != nil && strings.HasPrefix(plain, "-"), err == nil && i < 0:
 			return 0, true, fmt.Errorf("must not be negative, got %s", s.Value)
 		case err != nil, i > math.MaxUint32:
@@ -246,9 +267,22 @@ func (b *builder) descriptor(n *yaml.Node) rawDescriptor {
 				b.errorf(k.Line, "metadata must be a mapping, not %s", kindOf(v))
 				return
 			}
-			if err := v.Decode(&d.Metadata); err != nil {
+			// Decoded once per mapping, however many aliases reach it: rules only read it.
+			m := deref(v)
+			if md, ok := b.metadata[m]; ok {
+				d.Metadata = md
+				return
+			}
+			if !b.spend(v, len(m.Content)/2+1) {
+				return
+			}
+			if err := m.Decode(&d.Metadata); err != nil {
 				b.errorf(k.Line, "metadata: %s", strings.TrimPrefix(err.Error(), "yaml: "))
 			}
+			if b.metadata == nil {
+				b.metadata = map[*yaml.Node]map[string]any{}
+			}
+			b.metadata[m] = d.Metadata
 		case "failure_mode":
 			d.FailureMode = b.str(v, "failure_mode")
 		}
@@ -278,7 +312,9 @@ func (b *builder) limit(n *yaml.Node) rawLimit {
 				b.errorf(v.Line, "replaces must be a list, not %s", kindOf(v))
 				return
 			}
-			b.visits += len(list.Content)
+			if !b.spend(v, len(list.Content)) {
+				return
+			}
 			for _, it := range list.Content {
 				var r api.Replace
 				if m := deref(it); m.Kind == yaml.MappingNode {

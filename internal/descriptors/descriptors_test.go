@@ -244,7 +244,10 @@ descriptors:
 			[]string{`a.yaml:4: key key set twice in Descriptor`}},
 		{"bad boolean", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n"},
 			[]string{`a.yaml:4: domain "a": shadow_mode must be true or false, not "maybe"`}},
-		{"alias bomb", map[string]string{"a.yaml": aliasBomb()}, []string{"anchors and aliases expand to more than"}},
+		{"alias bomb", map[string]string{"a.yaml": aliasBomb()}, []string{"anchors and aliases expand the file to more than"}},
+		{"aliased mapping with many unknown keys", map[string]string{"a.yaml": aliasedUnknownKeys()}, []string{"anchors and aliases expand the file to more than"}},
+		{"tagged non-number", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: !!int abc}\n"},
+			[]string{`descriptor k: requests_per_unit must be a whole number, got abc`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -439,4 +442,19 @@ func BenchmarkMatchWildcardSiblings(b *testing.B) {
 			}
 		})
 	}
+}
+
+// aliasedUnknownKeys is a rule file whose one mapping of a thousand unknown keys is aliased by a
+// thousand descriptors: without a budget, a million errors.
+func aliasedUnknownKeys() string {
+	var sb strings.Builder
+	sb.WriteString("domain: a\ndescriptors:\n  - &d {key: k")
+	for i := range 1000 {
+		fmt.Fprintf(&sb, ", x%d: 1", i)
+	}
+	sb.WriteString("}\n")
+	for range 1000 {
+		sb.WriteString("  - *d\n")
+	}
+	return sb.String()
 }

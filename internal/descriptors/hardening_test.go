@@ -227,3 +227,34 @@ func TestLoadWildcardsLinear(t *testing.T) {
 		t.Fatalf("Parse allocates %v times for 2000 wildcards, %v for 4000 (×%.1f): want about ×2", small, large, ratio)
 	}
 }
+
+// Levels and keys past smallSet are found through maps; below it, by scanning slices.
+func TestManyKeysAndValues(t *testing.T) {
+	var sb strings.Builder
+	sb.WriteString("domain: d\ndescriptors:\n")
+	for k := range 20 {
+		for v := range 20 {
+			fmt.Fprintf(&sb, "  - {key: k%d, value: v%d, rate_limit: {unit: second, requests_per_unit: 1}}\n", k, v)
+		}
+		fmt.Fprintf(&sb, "  - {key: k%d, descriptors: [{key: c, value: x}, {key: c, rate_limit: {unit: second, requests_per_unit: 2}}]}\n", k)
+	}
+	rs := mustParse(t, map[string]string{"d.yaml": sb.String()})
+	for _, n := range []int{0, 7, 8, 9, 19} {
+		for _, m := range []int{0, 8, 19} {
+			k, v := fmt.Sprintf("k%d", n), fmt.Sprintf("v%d", m)
+			if r := rs.Match("d", entries(k, v)); r == nil || r.Path != k+"="+v {
+				t.Errorf("Match(%s=%s) = %+v", k, v, r)
+			}
+		}
+		k := fmt.Sprintf("k%d", n)
+		if r := rs.Match("d", entries(k, "other", "c", "y")); r == nil || r.Path != k+"/c" {
+			t.Errorf("Match(%s=other, c=y) = %+v", k, r)
+		}
+		if r := rs.Match("d", entries(k, "other", "c", "x")); r != nil {
+			t.Errorf("Match(%s=other, c=x) = %+v, want allow-listed", k, r)
+		}
+	}
+	if r := rs.Match("d", entries("k20", "v0")); r != nil {
+		t.Errorf("unknown key matched %+v", r)
+	}
+}

@@ -96,9 +96,11 @@ type builder struct {
 	errs       []error
 	name       string // the file being built
 	domain     string
-	// visits counts the descriptors and limits built from the file, which anchors and aliases
-	// can make many more than it holds; budget bounds them.
+	// visits counts the nodes decoded from the file, which anchors and aliases can make many
+	// more than it holds; budget bounds them (see spend).
 	visits, budget int
+	overBudget     bool
+	metadata       map[*yaml.Node]map[string]any // decoded metadata, by mapping
 }
 
 func (b *builder) errorf(line int, format string, args ...any) {
@@ -122,7 +124,7 @@ func (b *builder) yamlError(msg string) {
 
 func (b *builder) file(name string, data []byte) {
 	b.name, b.domain = name, ""
-	b.visits, b.budget = 0, len(data)/4+10000
+	b.visits, b.budget, b.overBudget, b.metadata = 0, len(data)+10000, false, nil
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var root yaml.Node
 	if err := dec.Decode(&root); err != nil {
@@ -175,6 +177,7 @@ func (b *builder) file(name string, data []byte) {
 
 // keyBuild is one key's nodes while its level is built: the maps find duplicates.
 type keyBuild struct {
+	i     int // in level.keys
 	exact map[string]*node
 	wild  map[string]bool
 }
@@ -204,10 +207,7 @@ func (b *builder) level(list *yaml.Node, share []string, path string, info *Doma
 	lv := &level{}
 	builds := map[string]*keyBuild{}
 	for i, item := range seq.Content {
-		if b.visits++; b.visits > b.budget {
-			if b.visits == b.budget+1 {
-				b.errorf(item.Line, "anchors and aliases expand to more than %d descriptors", b.budget)
-			}
+		if !b.spend(item, 1) {
 			break
 		}
 		n := deref(item)
@@ -242,11 +242,11 @@ func (b *builder) level(list *yaml.Node, share []string, path string, info *Doma
 		value := here[len(here)-len(d.Value):]
 		kb := builds[key]
 		if kb == nil {
-			kb = &keyBuild{}
+			kb = &keyBuild{i: len(lv.keys)}
 			builds[key] = kb
 			lv.keys = append(lv.keys, keyNodes{key: key})
 		}
-		kn := lv.lookupBuild(key)
+		kn := &lv.keys[kb.i] // not kept: lv.keys may grow
 		nd := &node{}
 		wild := strings.Contains(value, "*")
 		switch {
@@ -299,16 +299,6 @@ func (b *builder) level(list *yaml.Node, share []string, path string, info *Doma
 	return lv
 }
 
-// lookupBuild finds key's nodes while the level is built (the index is made at the end).
-func (lv *level) lookupBuild(key string) *keyNodes {
-	for i := len(lv.keys) - 1; i >= 0; i-- {
-		if lv.keys[i].key == key {
-			return &lv.keys[i]
-		}
-	}
-	return nil
-}
-
 // rule validates a node's limits and options; it returns nil for a node without a limit.
 func (b *builder) rule(d *rawDescriptor, path string, share []string, info *DomainInfo) *Rule {
 	n := d.node
@@ -342,8 +332,10 @@ func (b *builder) rule(d *rawDescriptor, path string, share []string, info *Doma
 			b.errorf(lineOf(n, "rate_limits"), "descriptor %s: rate_limits is empty", path)
 			return nil
 		}
+		if !b.spend(seq, len(seq.Content)) {
+			return nil
+		}
 		limitNodes = seq.Content
-		b.visits += len(seq.Content)
 	default:
 		return nil
 	}

@@ -27,6 +27,28 @@ var (
 	replaceFields   = []string{"name"}
 )
 
+// decodedMetadata is a metadata mapping decoded, with its number of values.
+type decodedMetadata struct {
+	value map[string]any
+	size  int
+}
+
+// valueSize counts the values in v, which yaml decoded: maps, lists and scalars.
+func valueSize(v any) int {
+	n := 1
+	switch v := v.(type) {
+	case map[string]any:
+		for _, e := range v {
+			n += valueSize(e)
+		}
+	case []any:
+		for _, e := range v {
+			n += valueSize(e)
+		}
+	}
+	return n
+}
+
 // maxMergeDepth bounds merge keys ("<<") that merge mappings that merge again.
 const maxMergeDepth = 8
 
@@ -267,22 +289,23 @@ func (b *builder) descriptor(n *yaml.Node) rawDescriptor {
 				b.errorf(k.Line, "metadata must be a mapping, not %s", kindOf(v))
 				return
 			}
-			// Decoded once per mapping, however many aliases reach it: rules only read it.
+			// Decoded once per mapping, however many aliases reach it (rules only read it), and
+			// charged by its size at each use, since each rule checks it.
 			m := deref(v)
-			if md, ok := b.metadata[m]; ok {
-				d.Metadata = md
-				return
+			md, ok := b.metadata[m]
+			if !ok {
+				if err := m.Decode(&md.value); err != nil {
+					b.errorf(k.Line, "metadata: %s", strings.TrimPrefix(err.Error(), "yaml: "))
+				}
+				md.size = valueSize(md.value)
+				if b.metadata == nil {
+					b.metadata = map[*yaml.Node]decodedMetadata{}
+				}
+				b.metadata[m] = md
 			}
-			if !b.spend(v, len(m.Content)/2+1) {
-				return
+			if b.spend(v, md.size) {
+				d.Metadata = md.value
 			}
-			if err := m.Decode(&d.Metadata); err != nil {
-				b.errorf(k.Line, "metadata: %s", strings.TrimPrefix(err.Error(), "yaml: "))
-			}
-			if b.metadata == nil {
-				b.metadata = map[*yaml.Node]map[string]any{}
-			}
-			b.metadata[m] = d.Metadata
 		case "failure_mode":
 			d.FailureMode = b.str(v, "failure_mode")
 		}

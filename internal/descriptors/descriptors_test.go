@@ -245,6 +245,7 @@ descriptors:
 		{"bad boolean", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n"},
 			[]string{`a.yaml:4: domain "a": shadow_mode must be true or false, not "maybe"`}},
 		{"alias bomb", map[string]string{"a.yaml": aliasBomb()}, []string{"anchors and aliases expand the file to more than"}},
+		{"aliased large metadata", map[string]string{"a.yaml": aliasedMetadata()}, []string{"anchors and aliases expand the file to more than"}},
 		{"aliased mapping with many unknown keys", map[string]string{"a.yaml": aliasedUnknownKeys()}, []string{"anchors and aliases expand the file to more than"}},
 		{"tagged non-number", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: !!int abc}\n"},
 			[]string{`descriptor k: requests_per_unit must be a whole number, got abc`}},
@@ -455,6 +456,21 @@ func aliasedUnknownKeys() string {
 	sb.WriteString("}\n")
 	for range 1000 {
 		sb.WriteString("  - *d\n")
+	}
+	return sb.String()
+}
+
+// aliasedMetadata is a rule file whose one metadata mapping of a thousand values is aliased by a
+// thousand descriptors.
+func aliasedMetadata() string {
+	var sb strings.Builder
+	sb.WriteString("domain: a\ndescriptors:\n  - key: k\n    metadata: &m {a: 1")
+	for i := range 1000 {
+		fmt.Fprintf(&sb, ", x%d: 1", i)
+	}
+	sb.WriteString("}\n")
+	for i := range 1000 {
+		fmt.Fprintf(&sb, "  - {key: k%d, metadata: *m}\n", i)
 	}
 	return sb.String()
 }

@@ -72,6 +72,12 @@ descriptors:
       - {key: c, rate_limit: {unit: day, requests_per_unit: 1}}
   - key: children2
     descriptors: *kids
+  - key: meta
+    metadata: &meta {team: a, tags: [x, y]}
+    rate_limit: {unit: second, requests_per_unit: 1}
+  - key: meta2
+    metadata: *meta
+    rate_limit: {unit: second, requests_per_unit: 1}
 ---
 `})
 	lim := func(key string) Limit {
@@ -96,6 +102,11 @@ descriptors:
 	}
 	if r := rs.Match("a", entries("yes_no", "x")); r == nil || !r.ShadowMode || r.Limits[0].RequestsPerUnit != 1000 {
 		t.Errorf("yes_no: %+v", r)
+	}
+	for _, k := range []string{"meta", "meta2"} {
+		if r := rs.Match("a", entries(k, "x")); r == nil || r.Metadata["team"] != "a" || len(r.Metadata["tags"].([]any)) != 2 {
+			t.Errorf("%s: metadata %+v", k, r)
+		}
 	}
 	for _, k := range []string{"children", "children2"} {
 		if r := rs.Match("a", entries(k, "x", "c", "y")); r == nil || r.Path != k+"/c" {

@@ -100,7 +100,7 @@ type builder struct {
 	// more than it holds; budget bounds them (see spend).
 	visits, budget int
 	overBudget     bool
-	metadata       map[*yaml.Node]map[string]any // decoded metadata, by mapping
+	metadata       map[*yaml.Node]decodedMetadata // by mapping
 }
 
 func (b *builder) errorf(line int, format string, args ...any) {

@@ -14,7 +14,9 @@
 //	          - {unit: second, requests_per_unit: 10}
 //	          - {unit: day, requests_per_unit: 250}
 //
-// rls decodes these types strictly: an unknown key is an error, reported with its file and line.
+// rls decodes these types strictly: an unknown or repeated key, a null list item, a count that is
+// not a whole number in range, or a second YAML document in the file is an error, reported with
+// its file and line. Anchors, aliases and merge keys ("<<") are followed.
 package api
 
 // RuleFile is one rule file: a domain and its descriptor tree.
@@ -70,7 +72,8 @@ type RateLimit struct {
 	// Unit is one of second, minute, hour, day, week, month (30 days) or year (365 days), in any
 	// case. Required unless Unlimited.
 	Unit string `yaml:"unit"`
-	// RequestsPerUnit is the sustained rate. 0 denies every request.
+	// RequestsPerUnit is the sustained rate, a whole number (0.5 is an error, not 0). 0 denies
+	// every request.
 	RequestsPerUnit uint32 `yaml:"requests_per_unit"`
 	// Unlimited admits everything and reports no limit. A unit must not be set with it.
 	Unlimited bool `yaml:"unlimited"`
@@ -82,7 +85,8 @@ type RateLimit struct {
 	// GCRA tolerance). Defaults to RequestsPerUnit. Independent of the sustained rate.
 	Burst *uint32 `yaml:"burst"`
 	// UnitMultiplier is an rls extension: the period is UnitMultiplier units (unit: second,
-	// unit_multiplier: 30 is 30 seconds). Defaults to 1; must be > 0 when set.
+	// unit_multiplier: 30 is 30 seconds). Defaults to 1; must be > 0 when set, and the period
+	// no longer than 100 years (backend.MaxTolerance).
 	UnitMultiplier *uint32 `yaml:"unit_multiplier"`
 }
 

@@ -1,6 +1,7 @@
 package descriptors
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -168,9 +169,9 @@ descriptors:
 			[]string{`a.yaml:3: domain "a": descriptor #1 at the top level: key must not be empty`}},
 		{"empty domain", map[string]string{"a.yaml": "descriptors: []\n"}, []string{"a.yaml:1: domain must not be empty"}},
 		{"syntax", map[string]string{"a.yaml": "domain: [\n"}, []string{"a.yaml:"}},
-		{"not a mapping", map[string]string{"a.yaml": "- 1\n"}, []string{"a.yaml:1: cannot unmarshal"}},
+		{"not a mapping", map[string]string{"a.yaml": "- 1\n"}, []string{"a.yaml:1: a rule file must be a mapping with a domain and descriptors, not a list"}},
 		{"wrong type", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: many}\n"},
-			[]string{"a.yaml:4: cannot unmarshal !!str `many` into uint32"}},
+			[]string{`a.yaml:4: domain "a": descriptor k: requests_per_unit must be a whole number, not "many"`}},
 		{"zero burst", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 0}\n"},
 			[]string{"a.yaml:4: domain \"a\": descriptor k: burst must be > 0"}},
 		{"zero multiplier", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, unit_multiplier: 0}\n"},
@@ -187,6 +188,67 @@ descriptors:
 			[]string{"descriptor k: a limit cannot replace itself"}},
 		{"tolerance too long", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 1, burst: 1000}\n"},
 			[]string{"a.yaml:4: domain \"a\": descriptor k: invalid limit"}},
+		// Counts must be whole numbers in range, not rounded or wrapped.
+		{"fractional requests_per_unit", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0.5}\n"},
+			[]string{`a.yaml:4: domain "a": descriptor k: requests_per_unit must be a whole number, got 0.5`}},
+		{"fraction above one", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1.9\n"},
+			[]string{`a.yaml:6: domain "a": descriptor k: requests_per_unit must be a whole number, got 1.9`}},
+		{"negative requests_per_unit", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: -1}\n"},
+			[]string{`a.yaml:4: domain "a": descriptor k: requests_per_unit must not be negative, got -1`}},
+		{"requests_per_unit above 2^32-1", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 4294967296}\n"},
+			[]string{`a.yaml:4: domain "a": descriptor k: requests_per_unit must be at most 4294967295, got 4294967296`}},
+		{"requests_per_unit beyond int64", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 99999999999999999999999}\n"},
+			[]string{`descriptor k: requests_per_unit must be at most 4294967295, got 99999999999999999999999`}},
+		{"requests_per_unit as a large float", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1e20}\n"},
+			[]string{`descriptor k: requests_per_unit must be at most 4294967295, got 1e20`}},
+		{"requests_per_unit infinite", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: .inf}\n"},
+			[]string{`descriptor k: requests_per_unit must be a whole number, got .inf`}},
+		{"requests_per_unit as a quoted string", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: \"10\"}\n"},
+			[]string{`descriptor k: requests_per_unit must be a whole number, not "10"`}},
+		{"fractional burst", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 2.5}\n"},
+			[]string{`a.yaml:4: domain "a": descriptor k: burst must be a whole number, got 2.5`}},
+		{"negative burst", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: -3}\n"},
+			[]string{`descriptor k: burst must not be negative, got -3`}},
+		{"burst above 2^32-1", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: 0x100000000}\n"},
+			[]string{`descriptor k: burst must be at most 4294967295, got 0x100000000`}},
+		{"burst as a list", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, burst: [1]}\n"},
+			[]string{`descriptor k: burst must be a whole number, not a list`}},
+		{"fractional unit_multiplier", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, unit_multiplier: 0.5}\n"},
+			[]string{`descriptor k: unit_multiplier must be a whole number, got 0.5`}},
+		{"unit_multiplier above 2^32-1", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1, unit_multiplier: 4294967296}\n"},
+			[]string{`descriptor k: unit_multiplier must be at most 4294967295, got 4294967296`}},
+		{"period wraps", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: hour\n      requests_per_unit: 1\n      unit_multiplier: 640511948\n"},
+			[]string{`a.yaml:7: domain "a": descriptor k: unit_multiplier 640511948: a period of 640511948 hours is longer than the longest supported, 36500 days`}},
+		{"period just too long", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: year, requests_per_unit: 1, unit_multiplier: 101}\n"},
+			[]string{`a.yaml:6: domain "a": descriptor k: rate_limits[1]: unit_multiplier 101: a period of 101 years is longer`}},
+		// One document per file, and no null in a list.
+		{"second document", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n---\ndomain: b\n"},
+			[]string{`a.yaml:5: a second YAML document`}},
+		{"second document after an empty first", map[string]string{"a.yaml": "---\n---\ndomain: b\n"},
+			[]string{`a.yaml:3: a second YAML document`, "a.yaml:1: empty rule file"}},
+		{"null descriptor", map[string]string{"a.yaml": "domain: a\ndescriptors: [null]\n"},
+			[]string{`a.yaml:2: domain "a": descriptor #1 at the top level is empty (null)`}},
+		{"empty list item", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n  -\n"},
+			[]string{`a.yaml:4: domain "a": descriptor #2 at the top level is empty (null)`}},
+		{"nested null descriptor", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    value: v\n    descriptors:\n      - key: j\n      - ~\n"},
+			[]string{`a.yaml:7: domain "a": descriptor #2 under k=v is empty (null)`}},
+		{"null in rate_limits", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - null\n"},
+			[]string{`a.yaml:6: domain "a": descriptor k: rate_limits[1] is empty (null)`}},
+		{"descriptor not a mapping", map[string]string{"a.yaml": "domain: a\ndescriptors: [k]\n"},
+			[]string{`a.yaml:2: domain "a": descriptor #1 at the top level must be a mapping, not "k"`}},
+		{"descriptors not a list", map[string]string{"a.yaml": "domain: a\ndescriptors: 5\n"},
+			[]string{`a.yaml:2: domain "a": descriptors at the top level must be a list, not 5`}},
+		{"rate_limit not a mapping", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: 0\n"},
+			[]string{`a.yaml:4: domain "a": descriptor k: rate_limit must be a mapping, not 0`}},
+		{"repeated key", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    key: j\n"},
+			[]string{`a.yaml:4: key key set twice in Descriptor`}},
+		{"bad boolean", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    shadow_mode: maybe\n"},
+			[]string{`a.yaml:4: domain "a": shadow_mode must be true or false, not "maybe"`}},
+		{"alias bomb", map[string]string{"a.yaml": aliasBomb()}, []string{"anchors and aliases expand the file to more than"}},
+		{"aliased large metadata", map[string]string{"a.yaml": aliasedMetadata()}, []string{"anchors and aliases expand the file to more than"}},
+		{"aliased mapping with many unknown keys", map[string]string{"a.yaml": aliasedUnknownKeys()}, []string{"anchors and aliases expand the file to more than"}},
+		{"tagged non-number", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: !!int abc}\n"},
+			[]string{`descriptor k: requests_per_unit must be a whole number, got abc`}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -199,8 +261,11 @@ descriptors:
 				t.Fatal("Parse succeeded, want an error")
 			}
 			for _, w := range tc.want {
-				if !strings.Contains(err.Error(), w) {
-					t.Errorf("error %q\ndoes not contain %q", err, w)
+				if msg := err.Error(); !strings.Contains(msg, w) {
+					if len(msg) > 2000 {
+						msg = msg[:2000] + "…"
+					}
+					t.Errorf("error %q\ndoes not contain %q", msg, w)
 				}
 			}
 		})
@@ -217,10 +282,45 @@ func TestParseNeverPanics(t *testing.T) {
 
 func FuzzParse(f *testing.F) {
 	f.Add([]byte(matchRules))
+	for _, seed := range []string{
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 0.5}\n",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1.9, burst: -1}\n",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1, unit_multiplier: 640511948}\n",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, requests_per_unit: 4294967295, burst: 4294967295, unit_multiplier: 4294967295}\n",
+		"domain: d\ndescriptors:\n  - key: k\n---\ndomain: e\n",
+		"domain: d\ndescriptors: [null]\n",
+		"domain: d\ndescriptors:\n  - key: k\n    rate_limits: [~, {unit: second, requests_per_unit: 1e3}]\n",
+		"domain: d\ndescriptors:\n  - key: api_key\n    rate_limit: &l {unit: second, requests_per_unit: 5}\n  - key: k\n    rate_limit: {<<: *l, burst: 9}\n    descriptors: &c [{key: path, value: \"/v1/*\"}, {key: path, value: \"*.json\"}]\n  - key: j\n    descriptors: *c\n",
+		string(wildcardSiblings(20)),
+		aliasBomb(),
+	} {
+		f.Add([]byte(seed))
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rs, err := Parse(map[string][]byte{"f.yaml": data})
-		if err == nil && rs != nil {
-			rs.Match("d", entries("api_key", "k", "path", "/v1/x"))
+		if err != nil || rs == nil {
+			return
+		}
+		for _, d := range rs.Domains {
+			for _, r := range d.Rules {
+				for _, l := range r.Limits {
+					if err := l.GCRA.Validate(); err != nil {
+						t.Fatalf("rule %s loaded with an invalid limit: %v", r.Path, err)
+					}
+				}
+			}
+		}
+		for _, es := range [][]Entry{
+			entries("api_key", "k", "path", "/v1/x"),
+			entries("k", "w0000003-x"),
+			entries("k", ""),
+		} {
+			for _, d := range rs.Domains {
+				r, _ := rs.Explain(d.Name, es)
+				if m := rs.Match(d.Name, es); m != r {
+					t.Fatalf("Explain and Match disagree on %v: %v vs %v", es, r, m)
+				}
+			}
 		}
 	})
 }
@@ -269,4 +369,108 @@ func TestExplain(t *testing.T) {
 			}
 		})
 	}
+}
+
+// aliasBomb is a rule file whose anchors expand to 10¹⁰ descriptors: each level's ten
+// siblings all alias the level below.
+func aliasBomb() string {
+	var sb strings.Builder
+	sb.WriteString("domain: a\ndescriptors:\n")
+	for i := 0; i < 10; i++ {
+		fmt.Fprintf(&sb, "  - key: k%d\n    descriptors: &l%d [", i, i)
+		for j := 0; j < 10; j++ {
+			if j > 0 {
+				sb.WriteString(", ")
+			}
+			if i == 0 {
+				fmt.Fprintf(&sb, "{key: c%d}", j)
+			} else {
+				fmt.Fprintf(&sb, "{key: c%d, descriptors: *l%d}", j, i-1)
+			}
+		}
+		sb.WriteString("]\n")
+	}
+	return sb.String()
+}
+
+// exactSiblings is a rule file with n exact-value siblings.
+func exactSiblings(n int) []byte {
+	var sb strings.Builder
+	sb.WriteString("domain: d\ndescriptors:\n")
+	for i := range n {
+		fmt.Fprintf(&sb, "  - key: k\n    value: \"v%07d\"\n    rate_limit: {unit: second, requests_per_unit: 10}\n", i)
+	}
+	return []byte(sb.String())
+}
+
+func BenchmarkLoad(b *testing.B) {
+	for _, bc := range []struct {
+		name string
+		data []byte
+	}{
+		{"exact-10k", exactSiblings(10000)},
+		{"wildcard-10k", wildcardSiblings(10000)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(bc.data)))
+			for b.Loop() {
+				if _, err := Parse(map[string][]byte{"d.yaml": bc.data}); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkMatchWildcardSiblings(b *testing.B) {
+	rs, err := Parse(map[string][]byte{"d.yaml": wildcardSiblings(20000)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct{ name, value, path string }{
+		{"unmatched", "nothing-matches", "k"},
+		{"matched", "w0012345-x", "k=w0012345-*"},
+		{"exact", "exact", "k=exact"},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			es := entries("k", bc.value)
+			b.ReportAllocs()
+			for b.Loop() {
+				if r := rs.Match("d", es); r == nil || r.Path != bc.path {
+					b.Fatalf("got %+v", r)
+				}
+			}
+		})
+	}
+}
+
+// aliasedUnknownKeys is a rule file whose one mapping of a thousand unknown keys is aliased by a
+// thousand descriptors: without a budget, a million errors.
+func aliasedUnknownKeys() string {
+	var sb strings.Builder
+	sb.WriteString("domain: a\ndescriptors:\n  - &d {key: k")
+	for i := range 1000 {
+		fmt.Fprintf(&sb, ", x%d: 1", i)
+	}
+	sb.WriteString("}\n")
+	for range 1000 {
+		sb.WriteString("  - *d\n")
+	}
+	return sb.String()
+}
+
+// aliasedMetadata is a rule file whose one metadata mapping of a thousand values is aliased by a
+// thousand descriptors.
+func aliasedMetadata() string {
+	var sb strings.Builder
+	sb.WriteString("domain: a\ndescriptors:\n  - key: k\n    metadata: &m {a: 1")
+	for i := range 1000 {
+		fmt.Fprintf(&sb, ", x%d: 1", i)
+	}
+	sb.WriteString("}\n")
+	for i := range 1000 {
+		fmt.Fprintf(&sb, "  - {key: k%d, metadata: *m}\n", i)
+	}
+	return sb.String()
 }

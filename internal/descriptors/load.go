@@ -4,16 +4,18 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/rls-project/rls/api"
+	"github.com/rls-project/rls/internal/backend"
 )
 
 // Bounds on what a rule file may hold; requests are bounded alike in package service.
@@ -94,6 +96,11 @@ type builder struct {
 	errs       []error
 	name       string // the file being built
 	domain     string
+	// visits counts the nodes decoded from the file, which anchors and aliases can make many
+	// more than it holds; budget bounds them (see spend).
+	visits, budget int
+	overBudget     bool
+	metadata       map[*yaml.Node]decodedMetadata // by mapping
 }
 
 func (b *builder) errorf(line int, format string, args ...any) {
@@ -106,11 +113,8 @@ func (b *builder) errorf(line int, format string, args ...any) {
 
 var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
 
-var notFound = regexp.MustCompile(`field (\S+) not found in type api\.(\w+)`)
-
 // yamlError turns one of yaml's messages into "file:line: message".
 func (b *builder) yamlError(msg string) {
-	msg = notFound.ReplaceAllString(msg, "unknown key $1 in $2")
 	if m := yamlLine.FindStringSubmatch(msg); m != nil {
 		b.errs = append(b.errs, fmt.Errorf("%s:%s: %s", b.name, m[1], m[2]))
 		return
@@ -120,70 +124,109 @@ func (b *builder) yamlError(msg string) {
 
 func (b *builder) file(name string, data []byte) {
 	b.name, b.domain = name, ""
+	b.visits, b.budget, b.overBudget, b.metadata = 0, len(data)+10000, false, nil
+	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var root yaml.Node
-	if err := yaml.Unmarshal(data, &root); err != nil {
-		b.yamlError(err.Error())
+	if err := dec.Decode(&root); err != nil {
+		if errors.Is(err, io.EOF) {
+			b.errorf(1, "empty rule file: want a domain and descriptors")
+		} else {
+			b.yamlError(err.Error())
+		}
 		return
 	}
-	if len(root.Content) == 0 {
+	var next yaml.Node
+	switch err := dec.Decode(&next); {
+	case err == nil && len(next.Content) > 0 && !isNull(next.Content[0]):
+		b.errorf(next.Content[0].Line, "a second YAML document: a rule file holds one domain (put each in its own file)")
+	case err != nil && !errors.Is(err, io.EOF):
+		b.yamlError(err.Error())
+	}
+	if len(root.Content) == 0 || isNull(root.Content[0]) {
 		b.errorf(1, "empty rule file: want a domain and descriptors")
 		return
 	}
-	doc := root.Content[0]
-	var rf api.RuleFile
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&rf); err != nil {
-		var te *yaml.TypeError
-		if !errors.As(err, &te) {
-			b.yamlError(err.Error())
-			return
-		}
-		for _, e := range te.Errors {
-			b.yamlError(e)
-		}
+	doc := deref(root.Content[0])
+	if doc.Kind != yaml.MappingNode {
+		b.errorf(doc.Line, "a rule file must be a mapping with a domain and descriptors, not %s", kindOf(doc))
+		return
 	}
-	if rf.Domain == "" {
+	var list *yaml.Node
+	b.mapping(doc, "RuleFile", ruleFileFields, func(field int, _, v *yaml.Node) {
+		if field == 0 {
+			b.domain = b.str(v, "domain")
+		} else {
+			list = v
+		}
+	})
+	if b.domain == "" {
 		b.errorf(lineOf(doc, "domain"), "domain must not be empty")
 		return
 	}
-	b.domain = rf.Domain
 	here := fmt.Sprintf("%s:%d", name, lineOf(doc, "domain"))
-	if prev, dup := b.domainFile[rf.Domain]; dup {
+	if prev, dup := b.domainFile[b.domain]; dup {
 		b.errorf(lineOf(doc, "domain"), "duplicate domain, first defined at %s", prev)
 		return
 	}
-	b.domainFile[rf.Domain] = here
-	info := DomainInfo{Name: rf.Domain, File: name}
-	lv := b.level(rf.Descriptors, seqItems(field(doc, "descriptors")), nil, "", &info)
-	b.rs.domains[rf.Domain] = lv
+	b.domainFile[b.domain] = here
+	info := DomainInfo{Name: b.domain, File: name}
+	lv := b.level(list, nil, "", &info)
+	b.rs.domains[b.domain] = lv
 	b.rs.Domains = append(b.rs.Domains, info)
 }
 
-// level builds one level of the tree. share is the share pattern of each ancestor depth.
-func (b *builder) level(ds []api.Descriptor, nodes []*yaml.Node, share []string, path string, info *DomainInfo) *level {
-	if len(ds) == 0 {
+// keyBuild is one key's nodes while its level is built: the maps find duplicates.
+type keyBuild struct {
+	i     int // in level.keys
+	exact map[string]*node
+	wild  map[string]bool
+}
+
+// level builds one level of the tree from a descriptors list. share is the share pattern of
+// each ancestor depth.
+func (b *builder) level(list *yaml.Node, share []string, path string, info *DomainInfo) *level {
+	if isNull(list) {
+		return nil
+	}
+	where := "at the top level"
+	if path != "" {
+		where = "under " + strings.TrimSuffix(path, "/")
+	}
+	seq := deref(list)
+	if seq.Kind != yaml.SequenceNode {
+		b.errorf(list.Line, "descriptors %s must be a list, not %s", where, kindOf(seq))
+		return nil
+	}
+	if len(seq.Content) == 0 {
 		return nil
 	}
 	if len(share) >= MaxDepth {
-		b.errorf(nodeLine(nodes, 0), "descriptors nested deeper than %d levels", MaxDepth)
+		b.errorf(list.Line, "descriptors nested deeper than %d levels", MaxDepth)
 		return nil
 	}
-	lv := &level{byKey: map[string]*keyNodes{}}
-	for i := range ds {
-		d := &ds[i]
-		n := nodeAt(nodes, i)
-		line := nodeLine(nodes, i)
+	lv := &level{}
+	builds := map[string]*keyBuild{}
+	for i, item := range seq.Content {
+		if !b.spend(item, 1) {
+			break
+		}
+		n := deref(item)
+		if isNull(n) {
+			b.errorf(item.Line, "descriptor #%d %s is empty (null)", i+1, where)
+			continue
+		}
+		if n.Kind != yaml.MappingNode {
+			b.errorf(item.Line, "descriptor #%d %s must be a mapping, not %s", i+1, where, kindOf(n))
+			continue
+		}
+		d := b.descriptor(n)
+		line := item.Line
 		here := path + d.Key
 		if d.Value != "" {
 			here += "=" + d.Value
 		}
 		switch {
 		case d.Key == "":
-			where := "at the top level"
-			if path != "" {
-				where = "under " + strings.TrimSuffix(path, "/")
-			}
 			b.errorf(line, "descriptor #%d %s: key must not be empty", i+1, where)
 			continue
 		case len(d.Key) > MaxKeyBytes:
@@ -193,49 +236,72 @@ func (b *builder) level(ds []api.Descriptor, nodes []*yaml.Node, share []string,
 			b.errorf(line, "descriptor %s: value longer than %d bytes", here, MaxValueBytes)
 			continue
 		}
-		kn := lv.byKey[d.Key]
-		if kn == nil {
-			kn = &keyNodes{exact: map[string]*node{}}
-			lv.byKey[d.Key] = kn
+		// The key and value are kept as parts of here, which the rule keeps as its Path, so
+		// the tree holds no second copy of them.
+		key := here[len(path) : len(path)+len(d.Key)]
+		value := here[len(here)-len(d.Value):]
+		kb := builds[key]
+		if kb == nil {
+			kb = &keyBuild{i: len(lv.keys)}
+			builds[key] = kb
+			lv.keys = append(lv.keys, keyNodes{key: key})
 		}
+		kn := &lv.keys[kb.i] // not kept: lv.keys may grow
 		nd := &node{}
-		wild := strings.Contains(d.Value, "*")
+		wild := strings.Contains(value, "*")
 		switch {
-		case d.Value == "":
+		case value == "":
 			if kn.def != nil {
 				b.errorf(line, "descriptor %s: duplicate key without value", here)
 				continue
 			}
 			kn.def = nd
 		case wild:
-			for _, w := range kn.wild {
-				if strings.Join(w.segs, "*") == d.Value {
-					b.errorf(line, "descriptor %s: duplicate value", here)
-				}
-			}
-			kn.wild = append(kn.wild, wildNode{segs: strings.Split(d.Value, "*"), node: nd})
-		default:
-			if kn.exact[d.Value] != nil {
+			if kb.wild[value] {
 				b.errorf(line, "descriptor %s: duplicate value", here)
 				continue
 			}
-			kn.exact[d.Value] = nd
+			if kb.wild == nil {
+				kb.wild = map[string]bool{}
+			}
+			kb.wild[value] = true
+			kn.wild = append(kn.wild, newWildNode(value, nd))
+		default:
+			if kb.exact[value] != nil {
+				b.errorf(line, "descriptor %s: duplicate value", here)
+				continue
+			}
+			if kb.exact == nil {
+				kb.exact = map[string]*node{}
+			}
+			kb.exact[value] = nd
 		}
 		myShare := append(slices.Clip(share), "")
 		if d.ShareThreshold {
 			if !wild {
 				b.errorf(lineOf(n, "share_threshold"), "descriptor %s: share_threshold needs a wildcard value (with '*')", here)
 			}
-			myShare[len(myShare)-1] = d.Value
+			myShare[len(myShare)-1] = value
 		}
-		nd.rule = b.rule(d, n, here, myShare, info)
-		nd.children = b.level(d.Descriptors, seqItems(field(n, "descriptors")), myShare, here+"/", info)
+		nd.rule = b.rule(&d, here, myShare, info)
+		nd.children = b.level(d.children, myShare, here+"/", info)
 	}
+	if len(lv.keys) == 0 {
+		return nil
+	}
+	for i := range lv.keys {
+		kn := &lv.keys[i]
+		kn.setExact(builds[kn.key].exact)
+		kn.indexWild()
+	}
+	lv.keys = slices.Clip(lv.keys)
+	lv.index()
 	return lv
 }
 
 // rule validates a node's limits and options; it returns nil for a node without a limit.
-func (b *builder) rule(d *api.Descriptor, n *yaml.Node, path string, share []string, info *DomainInfo) *Rule {
+func (b *builder) rule(d *rawDescriptor, path string, share []string, info *DomainInfo) *Rule {
+	n := d.node
 	var failure FailureMode
 	if d.FailureMode != "" {
 		var err error
@@ -249,22 +315,27 @@ func (b *builder) rule(d *api.Descriptor, n *yaml.Node, path string, share []str
 	if d.ShadowMode && d.QuotaMode {
 		b.errorf(lineOf(n, "quota_mode"), "descriptor %s: shadow_mode and quota_mode are exclusive", path)
 	}
-	var yamlLimits []api.RateLimit
 	var limitNodes []*yaml.Node
 	switch {
-	case d.RateLimit != nil && d.RateLimits != nil:
+	case d.limit != nil && d.limits != nil:
 		b.errorf(lineOf(n, "rate_limits"), "descriptor %s: set rate_limit or rate_limits, not both", path)
 		return nil
-	case d.RateLimit != nil:
-		yamlLimits = []api.RateLimit{*d.RateLimit}
-		limitNodes = []*yaml.Node{field(n, "rate_limit")}
-	case d.RateLimits != nil:
-		if len(d.RateLimits) == 0 {
+	case d.limit != nil:
+		limitNodes = []*yaml.Node{d.limit}
+	case d.limits != nil:
+		seq := deref(d.limits)
+		if seq.Kind != yaml.SequenceNode {
+			b.errorf(d.limits.Line, "descriptor %s: rate_limits must be a list, not %s", path, kindOf(seq))
+			return nil
+		}
+		if len(seq.Content) == 0 {
 			b.errorf(lineOf(n, "rate_limits"), "descriptor %s: rate_limits is empty", path)
 			return nil
 		}
-		yamlLimits = d.RateLimits
-		limitNodes = seqItems(field(n, "rate_limits"))
+		if !b.spend(seq, len(seq.Content)) {
+			return nil
+		}
+		limitNodes = seq.Content
 	default:
 		return nil
 	}
@@ -272,67 +343,101 @@ func (b *builder) rule(d *api.Descriptor, n *yaml.Node, path string, share []str
 		Domain: b.domain, Path: path,
 		ShadowMode: d.ShadowMode, QuotaMode: d.QuotaMode, DetailedMetric: d.DetailedMetric,
 		ValueToMetric: d.ValueToMetric, Metadata: d.Metadata, FailureMode: failure,
-		Source: fmt.Sprintf("%s:%d", b.name, lineOf(n, "")),
+		Source: fmt.Sprintf("%s:%d", b.name, n.Line),
 	}
 	if slices.ContainsFunc(share, func(s string) bool { return s != "" }) {
 		r.Share = share
 	}
-	for i := range yamlLimits {
-		rl := &yamlLimits[i]
-		ln := nodeAt(limitNodes, i)
+	for i, item := range limitNodes {
 		where := fmt.Sprintf("descriptor %s", path)
-		if len(yamlLimits) > 1 {
+		if len(limitNodes) > 1 {
 			where += fmt.Sprintf(": rate_limits[%d]", i)
 		}
-		unit, unitOK := ParseUnit(rl.Unit)
+		ln := deref(item)
+		if isNull(ln) {
+			b.errorf(item.Line, "descriptor %s: rate_limits[%d] is empty (null)", path, i)
+			continue
+		}
+		if ln.Kind != yaml.MappingNode {
+			if d.limit != nil {
+				b.errorf(item.Line, "%s: rate_limit must be a mapping, not %s", where, kindOf(ln))
+			} else {
+				b.errorf(item.Line, "descriptor %s: rate_limits[%d] must be a mapping, not %s", path, i, kindOf(ln))
+			}
+			continue
+		}
+		rl := b.limit(ln)
 		if rl.Unlimited {
 			if rl.Unit != "" {
 				b.errorf(lineOf(ln, "unit"), "%s: unlimited must not have a unit", where)
 			}
-			if len(yamlLimits) > 1 {
+			if len(limitNodes) > 1 {
 				b.errorf(lineOf(ln, "unlimited"), "%s: unlimited cannot be one of several rate_limits", where)
 			}
 			r.Unlimited = true
 			continue
 		}
-		if !unitOK {
-			b.errorf(lineOf(ln, "unit"), "%s: unit %q: want second, minute, hour, day, week, month or year", where, rl.Unit)
-			continue
+		if lim, ok := b.limitOf(rl, where); ok {
+			r.Limits = append(r.Limits, lim)
 		}
-		if rl.UnitMultiplier != nil && *rl.UnitMultiplier == 0 {
-			b.errorf(lineOf(ln, "unit_multiplier"), "%s: unit_multiplier must be > 0", where)
-			continue
-		}
-		if rl.Burst != nil && *rl.Burst == 0 && rl.RequestsPerUnit > 0 {
-			b.errorf(lineOf(ln, "burst"), "%s: burst must be > 0 (requests_per_unit: 0 denies every request)", where)
-			continue
-		}
-		var mult, burst uint32
-		if rl.UnitMultiplier != nil {
-			mult = *rl.UnitMultiplier
-		}
-		if rl.Burst != nil {
-			burst = *rl.Burst
-		}
-		lim := NewLimit(rl.Name, rl.RequestsPerUnit, unit, mult, burst)
-		if err := lim.GCRA.Validate(); err != nil {
-			b.errorf(lineOf(ln, ""), "%s: %v", where, err)
-			continue
-		}
-		for _, rep := range rl.Replaces {
-			switch {
-			case rep.Name == "":
-				b.errorf(lineOf(ln, "replaces"), "%s: replaces has an entry without a name", where)
-			case rep.Name == rl.Name:
-				b.errorf(lineOf(ln, "replaces"), "%s: a limit cannot replace itself (%q)", where, rep.Name)
-			default:
-				lim.Replaces = append(lim.Replaces, rep.Name)
-			}
-		}
-		r.Limits = append(r.Limits, lim)
 	}
 	info.Rules = append(info.Rules, r)
 	return r
+}
+
+// limitOf validates one rate_limit that is not unlimited. It returns ok false for an error,
+// already recorded.
+func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
+	ln := rl.node
+	unit, unitOK := ParseUnit(rl.Unit)
+	perUnit, _, err := count(rl.perUnit)
+	if err != nil {
+		b.errorf(lineOf(ln, "requests_per_unit"), "%s: requests_per_unit %v", where, err)
+	}
+	mult, multSet, merr := count(rl.multi)
+	if merr != nil {
+		b.errorf(lineOf(ln, "unit_multiplier"), "%s: unit_multiplier %v", where, merr)
+	}
+	burst, burstSet, berr := count(rl.burst)
+	if berr != nil {
+		b.errorf(lineOf(ln, "burst"), "%s: burst %v", where, berr)
+	}
+	if err != nil || merr != nil || berr != nil {
+		return Limit{}, false
+	}
+	if !unitOK {
+		b.errorf(lineOf(ln, "unit"), "%s: unit %q: want second, minute, hour, day, week, month or year", where, rl.Unit)
+		return Limit{}, false
+	}
+	if multSet && mult == 0 {
+		b.errorf(lineOf(ln, "unit_multiplier"), "%s: unit_multiplier must be > 0", where)
+		return Limit{}, false
+	}
+	if longest := int64(backend.MaxTolerance / time.Second); unit.Seconds()*int64(max(mult, 1)) > longest {
+		b.errorf(lineOf(ln, "unit_multiplier"), "%s: unit_multiplier %d: a period of %d %ss is longer than the longest supported, %d days",
+			where, mult, mult, unit, longest/86400)
+		return Limit{}, false
+	}
+	if burstSet && burst == 0 && perUnit > 0 {
+		b.errorf(lineOf(ln, "burst"), "%s: burst must be > 0 (requests_per_unit: 0 denies every request)", where)
+		return Limit{}, false
+	}
+	lim := NewLimit(rl.Name, perUnit, unit, mult, burst)
+	if err := lim.GCRA.Validate(); err != nil {
+		b.errorf(ln.Line, "%s: %v", where, err)
+		return Limit{}, false
+	}
+	for _, rep := range rl.Replaces {
+		switch {
+		case rep.Name == "":
+			b.errorf(lineOf(ln, "replaces"), "%s: replaces has an entry without a name", where)
+		case rep.Name == rl.Name:
+			b.errorf(lineOf(ln, "replaces"), "%s: a limit cannot replace itself (%q)", where, rep.Name)
+		default:
+			lim.Replaces = append(lim.Replaces, rep.Name)
+		}
+	}
+	return lim, true
 }
 
 func checkMetadata(v any) error {
@@ -358,20 +463,8 @@ func checkMetadata(v any) error {
 	}
 }
 
-// field returns the value node of key in mapping node n, or nil.
-func field(n *yaml.Node, key string) *yaml.Node {
-	if n == nil || n.Kind != yaml.MappingNode {
-		return nil
-	}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value == key {
-			return n.Content[i+1]
-		}
-	}
-	return nil
-}
-
-// lineOf returns the line of key in mapping node n, or of n itself when the key is absent.
+// lineOf returns the line of key in mapping node n, or of n itself when the key is absent (or
+// comes from a merge).
 func lineOf(n *yaml.Node, key string) int {
 	if n == nil {
 		return 0
@@ -384,25 +477,4 @@ func lineOf(n *yaml.Node, key string) int {
 		}
 	}
 	return n.Line
-}
-
-func seqItems(n *yaml.Node) []*yaml.Node {
-	if n == nil || n.Kind != yaml.SequenceNode {
-		return nil
-	}
-	return n.Content
-}
-
-func nodeAt(nodes []*yaml.Node, i int) *yaml.Node {
-	if i < len(nodes) {
-		return nodes[i]
-	}
-	return nil
-}
-
-func nodeLine(nodes []*yaml.Node, i int) int {
-	if n := nodeAt(nodes, i); n != nil {
-		return n.Line
-	}
-	return 0
 }

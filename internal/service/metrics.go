@@ -3,7 +3,6 @@ package service
 import (
 	"context"
 	"errors"
-	"strings"
 	"sync"
 	"time"
 
@@ -34,13 +33,15 @@ var outcomes = [...]string{"ok", "near_limit", "over_limit", "shadow_mode",
 	"failure_allow", "failure_deny", "failure_local", "failure_error"}
 
 // Metrics are the service's Prometheus metrics. Labels carry a domain and a rule from the loaded
-// rules, never a request's values, except for rules with detailed_metric or value_to_metric:
-// cardinality is bounded by the rule set.
+// rules, never a request's values, except for rules with detailed_metric or value_to_metric,
+// whose values are capped per rule (Options.DetailedMetricValues): cardinality is bounded by the
+// rule set and that cap.
 type Metrics struct {
 	decisions  *prometheus.CounterVec
 	hits       *prometheus.CounterVec
 	latency    prometheus.Histogram
 	errors     *prometheus.CounterVec
+	overload   prometheus.Counter
 	loads      *prometheus.CounterVec
 	generation prometheus.Gauge
 	lastLoad   prometheus.Gauge
@@ -48,6 +49,19 @@ type Metrics struct {
 
 	mu    sync.RWMutex
 	rules map[*descriptors.Limit]*ruleCounters // for the rule set in force; reset on SetRules
+	// detailed holds the values seen per detailed_metric rule, by domain and path; kept across
+	// reloads so that a reload does not lift the cap.
+	detailed map[ruleID]*detailedValues
+}
+
+// ruleID names a rule across reloads.
+type ruleID struct{ domain, path string }
+
+// detailedValues are the counters of one detailed_metric rule's values, at most max of them.
+type detailedValues struct {
+	mu       sync.Mutex
+	seen     map[string]*ruleCounters
+	overflow *ruleCounters // nil until the first value past the cap
 }
 
 // ruleCounters are one rule's counters, resolved once so the hot path does no label lookup.
@@ -75,8 +89,12 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rls_backend_errors_total",
-			Help: "Backend decisions that failed, by kind (timeout, unavailable, other).",
+			Help: "Backend decisions that failed, by kind: timeout and unavailable (answered by the failure mode), other (answered INTERNAL). Overload sheds are counted apart.",
 		}, []string{"kind"}),
+		overload: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rls_overload_shed_total",
+			Help: "Requests shed because this process could not decide them in time with the backend healthy; answered by the failure mode.",
+		}),
 		loads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rls_config_loads_total",
 			Help: "Rule set loads by result (success, failure).",
@@ -91,8 +109,9 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 		}),
 		nearRatio: nearLimitRatio,
 		rules:     map[*descriptors.Limit]*ruleCounters{},
+		detailed:  map[ruleID]*detailedValues{},
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.loads, m.generation, m.lastLoad} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.overload, m.loads, m.generation, m.lastLoad} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -154,19 +173,55 @@ func (m *Metrics) resolve(domain, rule string) *ruleCounters {
 	return c
 }
 
-// detailedLabel is the rule label of a detailed_metric or value_to_metric rule: the request's
-// keys and values.
-func detailedLabel(entries []descriptors.Entry) string {
-	var b strings.Builder
+// appendDetailedLabel appends the rule label of a detailed_metric or value_to_metric rule: the
+// request's keys and values.
+func appendDetailedLabel(b []byte, entries []*ratelimitv3.RateLimitDescriptor_Entry) []byte {
 	for i, e := range entries {
 		if i > 0 {
-			b.WriteByte('/')
+			b = append(b, '/')
 		}
-		b.WriteString(e.Key)
-		b.WriteByte('=')
-		b.WriteString(e.Value)
+		b = append(b, e.GetKey()...)
+		b = append(b, '=')
+		b = append(b, e.GetValue()...)
 	}
-	return b.String()
+	return b
+}
+
+// overflowSuffix ends the rule label under which a detailed_metric rule's values past the cap
+// are counted.
+const overflowSuffix = "/_overflow_"
+
+// detailedCounters returns the counters of one value (label) of a detailed_metric rule r: its
+// own while the rule has fewer than max values, else the rule's overflow counters. first reports
+// the rule's first overflow.
+func (m *Metrics) detailedCounters(r *descriptors.Rule, label []byte, max int) (c *ruleCounters, first bool) {
+	id := ruleID{r.Domain, r.Path}
+	m.mu.RLock()
+	dv := m.detailed[id]
+	m.mu.RUnlock()
+	if dv == nil {
+		m.mu.Lock()
+		if dv = m.detailed[id]; dv == nil {
+			dv = &detailedValues{seen: map[string]*ruleCounters{}}
+			m.detailed[id] = dv
+		}
+		m.mu.Unlock()
+	}
+	dv.mu.Lock()
+	defer dv.mu.Unlock()
+	if c := dv.seen[string(label)]; c != nil {
+		return c, false
+	}
+	if len(dv.seen) < max {
+		c := m.resolve(r.Domain, string(label))
+		dv.seen[string(label)] = c
+		return c, false
+	}
+	if dv.overflow == nil {
+		dv.overflow = m.resolve(r.Domain, r.Path+overflowSuffix)
+		first = true
+	}
+	return dv.overflow, first
 }
 
 // reset forgets resolved counters; called when the rule set changes.
@@ -186,75 +241,82 @@ func (m *Metrics) backendError(err error) {
 	}
 	kind := "other"
 	switch {
+	case !errors.Is(err, backend.ErrUnavailable):
 	case errors.Is(err, context.DeadlineExceeded):
 		kind = "timeout"
-	case errors.Is(err, backend.ErrUnavailable):
+	default:
 		kind = "unavailable"
 	}
 	m.errors.WithLabelValues(kind).Inc()
 }
 
-// record counts descriptor i's decision, whose deciding backend request is k.
-func (s *Service) record(d *ratelimitv3.RateLimitDescriptor, r *descriptors.Rule, w *work, k int) {
+// overloadShed counts a request shed by overload.
+func (m *Metrics) overloadShed() {
+	if m == nil {
+		return
+	}
+	m.overload.Inc()
+}
+
+// record counts the decision of descriptor d, matched to r, whose deciding item is it.
+func (s *Service) record(d *ratelimitv3.RateLimitDescriptor, r *descriptors.Rule, w *work, it *item) {
 	m := s.metrics
 	var c *ruleCounters
 	if r != nil && (r.DetailedMetric || r.ValueToMetric) {
-		es := make([]descriptors.Entry, len(d.Entries))
-		for i, e := range d.Entries {
-			es[i] = descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()}
+		w.label = appendDetailedLabel(w.label[:0], d.Entries)
+		var first bool
+		if c, first = m.detailedCounters(r, w.label, s.detailedMax); first {
+			s.log.Warn("detailed_metric: more distinct values than the cap; further values count under the overflow label",
+				"domain", r.Domain, "rule", r.Path, "cap", s.detailedMax, "label", r.Path+overflowSuffix)
 		}
-		c = m.resolve(r.Domain, detailedLabel(es))
 	} else {
 		domain := ""
 		if r != nil {
 			domain = r.Domain
 		}
-		c = m.counters(r, w.lims[k], domain)
+		c = m.counters(r, it.limit, domain)
 	}
-	c.hits.Add(float64(w.reqs[k].Cost))
-	c.outcome[s.outcome(w, k)].Inc()
+	c.hits.Add(float64(it.req.Cost))
+	c.outcome[s.outcome(it)].Inc()
 }
 
-// outcome classifies backend request k's decision.
-func (s *Service) outcome(w *work, k int) outcome {
-	if w.failed {
-		switch w.via[k] {
-		case FailAllow:
-			return outcomeFailureAllow
-		case FailDeny:
-			return outcomeFailureDeny
-		case FailLocal:
-			return outcomeFailureLocal
-		}
+// outcome classifies an item's decision.
+func (s *Service) outcome(it *item) outcome {
+	switch it.via {
+	case FailAllow:
+		return outcomeFailureAllow
+	case FailDeny:
+		return outcomeFailureDeny
+	case FailLocal:
+		return outcomeFailureLocal
+	case FailError:
 		return outcomeFailureError
 	}
-	d := w.out[k]
+	d := it.dec
 	switch {
-	case !d.Allowed && w.reqs[k].Mode == backend.Shadow:
+	case !d.Allowed && it.req.Mode == backend.Shadow:
 		return outcomeShadowMode
 	case !d.Allowed:
 		return outcomeOverLimit
 	}
-	burst := w.reqs[k].Limit.Burst
+	burst := it.req.Limit.Burst
 	if s.metrics.nearRatio > 0 && burst > 0 && float64(burst-d.Remaining) >= s.metrics.nearRatio*float64(burst) {
 		return outcomeNearLimit
 	}
 	return outcomeOK
 }
 
-// recordFailedRequest counts the descriptors of a request answered UNAVAILABLE.
-func (s *Service) recordFailedRequest(req *rlsv3.RateLimitRequest, w *work) {
+// recordFailed counts the descriptors of a request answered UNAVAILABLE, by the first item of
+// each: failurePolicy or markFailed has marked every item.
+func (s *Service) recordFailed(req *rlsv3.RateLimitRequest, w *work) {
 	if s.metrics == nil {
 		return
 	}
-	for k := range w.reqs {
-		w.via[k] = FailError
-	}
 	seen := -1
-	for k := range w.reqs {
-		if i := w.owner[k]; i != seen {
+	for k := range w.items {
+		if i := w.items[k].desc; i != seen {
 			seen = i
-			s.record(req.Descriptors[i], w.rules[i], w, k)
+			s.record(req.Descriptors[i], w.descs[i].rule, w, &w.items[k])
 		}
 	}
 }

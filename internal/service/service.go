@@ -1,16 +1,19 @@
 package service
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math"
+	"math/bits"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -52,7 +55,16 @@ type Options struct {
 	Metrics *Metrics
 	// Tracer, when set, wraps each backend call in a span.
 	Tracer trace.Tracer
+	// DetailedMetricValues caps the distinct label values that one detailed_metric or
+	// value_to_metric rule may add to the metrics (0: DefaultDetailedMetricValues). Such labels
+	// carry raw descriptor values (user ids, addresses) onto /metrics, and every value is a
+	// series per outcome: keep it small. Values past the cap count under the rule's path with
+	// "/_overflow_", and the first overflow of each rule logs a warning.
+	DetailedMetricValues int
 }
+
+// DefaultDetailedMetricValues is the default of Options.DetailedMetricValues.
+const DefaultDetailedMetricValues = 100
 
 // Service implements RateLimitServiceServer. It is safe for concurrent use; its rules can be
 // swapped at any time with SetRules and each request sees one rule set from start to end.
@@ -68,6 +80,8 @@ type Service struct {
 	metrics      *Metrics
 	tracer       trace.Tracer
 	pool         sync.Pool // *work
+	detailedMax  int
+	errLog       errorLog // backend errors other than unavailability
 
 	mu         sync.Mutex // serializes SetRules
 	generation atomic.Uint64
@@ -90,8 +104,12 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 	if rules == nil {
 		return nil, errors.New("service: no rules")
 	}
+	if opts.DetailedMetricValues < 0 {
+		return nil, errors.New("service: DetailedMetricValues must be ≥ 0")
+	}
 	s := &Service{backend: opts.Backend, log: opts.Logger, headers: opts.Headers, failure: opts.FailureMode,
-		localBackend: opts.Local, metrics: opts.Metrics, tracer: opts.Tracer}
+		localBackend: opts.Local, metrics: opts.Metrics, tracer: opts.Tracer,
+		detailedMax: cmp.Or(opts.DetailedMetricValues, DefaultDetailedMetricValues)}
 	s.pool.New = func() any { return new(work) }
 	s.SetRules(rules)
 	return s, nil
@@ -123,23 +141,44 @@ func (s *Service) Rules() *descriptors.RuleSet { return s.rules.Load() }
 
 // work is one request's scratch space, pooled.
 type work struct {
+	descs    []descState // per request descriptor
+	items    []item      // per backend request, grouped by descriptor in request order
 	entries  []descriptors.Entry
-	limits   [][]descriptors.Limit // per descriptor
-	rules    []*descriptors.Rule   // per descriptor
-	over     []descriptors.Limit   // per descriptor: the override limit
-	reqs     []backend.Request
-	owner    []int                // per backend request: its descriptor
-	lims     []*descriptors.Limit // per backend request: its limit
-	via      []FailureMode        // per backend request: how a failed backend was answered
-	failed   bool                 // the backend failed; via holds the answers
-	out      []backend.Decision
 	keys     []byte
-	keyEnd   []int
 	replaced []string // names dropped by a matched limit's replaces
-	// for decideFailed
-	local     []int
+	// The backend's arguments, filled from items for the call.
+	reqs []backend.Request
+	out  []backend.Decision
+	// For the local backend under FailLocal.
 	localReqs []backend.Request
 	localOut  []backend.Decision
+	label     []byte // a detailed_metric label being built
+}
+
+// descState is what one request descriptor matched.
+type descState struct {
+	rule   *descriptors.Rule // nil: no rule, or an override
+	limits []descriptors.Limit
+	over   [1]descriptors.Limit // backs limits for a request's override
+}
+
+// item is one backend request of a request: one limit of one descriptor, with its decision and
+// how that decision was reached.
+type item struct {
+	desc  int // index of its descriptor in the request
+	limit *descriptors.Limit
+	req   backend.Request
+	dec   backend.Decision
+	// fail is the failure mode that answers it when the backend is unavailable, resolved (never
+	// FailureDefault).
+	fail FailureMode
+	// via is how dec was reached: FailureDefault by the backend, else the failure mode that
+	// answered it; FailError when the request as a whole failed.
+	via FailureMode
+	// replaced: a matched limit's replaces drops this one; only translate(keepReplaced) keeps
+	// such items, and they are never decided.
+	replaced bool
+	keyEnd   int // its key is work.keys[previous item's keyEnd:keyEnd]
 }
 
 // ShouldRateLimit implements RateLimitServiceServer.
@@ -147,20 +186,36 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if err := validate(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	rs := s.rules.Load()
 	w := s.pool.Get().(*work)
 	defer s.pool.Put(w)
-	w.reset(len(req.Descriptors))
-
-	hits := int64(req.GetHitsAddend())
-	if hits == 0 {
-		hits = 1
+	s.translate(s.rules.Load(), req, w, false)
+	admitted := true
+	if len(w.items) > 0 {
+		var err error
+		if admitted, err = s.decide(ctx, w); err != nil {
+			return s.failed(ctx, req, w, err)
+		}
 	}
+	return s.response(req, w, admitted), nil
+}
+
+// translate turns a validated request into its backend requests, one item per limit of each
+// descriptor in order, matched against rs: each with its key, limit, cost, mode and failure
+// mode. Limits dropped by another's replaces are left out, or with keepReplaced kept and marked.
+// It is the one translation of a request, shared by ShouldRateLimit and /debug/explain.
+func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest, w *work, keepReplaced bool) {
+	n := len(req.Descriptors)
+	w.descs = slices.Grow(w.descs[:0], n)[:n]
+	clear(w.descs)
+	w.items = w.items[:0]
+	w.keys = w.keys[:0]
+	w.replaced = w.replaced[:0]
 	domain := req.GetDomain()
 	for i, d := range req.Descriptors {
+		ds := &w.descs[i]
 		if o := d.GetLimit(); o != nil {
-			w.over[i] = overrideLimit(o)
-			w.limits[i] = w.over[i : i+1]
+			ds.over[0] = overrideLimit(o)
+			ds.limits = ds.over[:]
 			continue
 		}
 		w.entries = w.entries[:0]
@@ -168,26 +223,31 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			w.entries = append(w.entries, descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
 		if r := rs.Match(domain, w.entries); r != nil {
-			w.rules[i] = r
-			w.limits[i] = r.Limits
+			ds.rule = r
+			ds.limits = r.Limits
 		}
 	}
 
 	// A matched limit's replaces drop the named limits from the whole request.
-	for _, ls := range w.limits {
-		for j := range ls {
-			w.replaced = append(w.replaced, ls[j].Replaces...)
+	for i := range w.descs {
+		for j := range w.descs[i].limits {
+			w.replaced = append(w.replaced, w.descs[i].limits[j].Replaces...)
 		}
 	}
 
+	hits := int64(req.GetHitsAddend())
+	if hits == 0 {
+		hits = 1
+	}
 	for i, d := range req.Descriptors {
+		ds := &w.descs[i]
 		cost := hits
 		if h := d.GetHitsAddend(); h != nil {
 			cost = int64(min(h.GetValue(), maxCost))
 		}
 		mode := backend.Enforce
 		var share []string
-		if r := w.rules[i]; r != nil {
+		if r := ds.rule; r != nil {
 			share = r.Share
 			switch {
 			case r.ShadowMode:
@@ -196,56 +256,28 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 				mode = backend.Quota
 			}
 		}
-		for j := range w.limits[i] {
-			l := &w.limits[i][j]
-			if l.Name != "" && slices.Contains(w.replaced, l.Name) {
+		fail := s.failureModeOf(ds.rule)
+		for j := range ds.limits {
+			l := &ds.limits[j]
+			replaced := l.Name != "" && slices.Contains(w.replaced, l.Name)
+			if replaced && !keepReplaced {
 				continue
 			}
 			w.appendKey(domain, d.Entries, share, j)
-			w.reqs = append(w.reqs, backend.Request{Limit: l.GCRA, Cost: cost, Refund: d.GetIsNegativeHits(), Mode: mode})
-			w.owner = append(w.owner, i)
-			w.lims = append(w.lims, l)
+			w.items = append(w.items, item{
+				desc: i, limit: l, fail: fail, replaced: replaced, keyEnd: len(w.keys),
+				req: backend.Request{Limit: l.GCRA, Cost: cost, Refund: d.GetIsNegativeHits(), Mode: mode},
+			})
 		}
 	}
-
-	admitted := true
-	if len(w.reqs) > 0 {
+	if len(w.items) > 0 {
 		keys := string(w.keys) // one allocation for every key of the request
 		start := 0
-		for k := range w.reqs {
-			w.reqs[k].Key = keys[start:w.keyEnd[k]]
-			start = w.keyEnd[k]
-		}
-		w.out = append(w.out[:0], make([]backend.Decision, len(w.reqs))...)
-		var err error
-		admitted, err = s.decide(ctx, w)
-		if err != nil {
-			s.log.LogAttrs(ctx, slog.LevelDebug, "backend failed", slog.String("domain", domain), slog.Any("err", err))
-			s.metrics.backendError(err)
-			w.failed = true
-			var ok bool
-			if admitted, ok = s.decideFailed(ctx, w); !ok {
-				s.recordFailedRequest(req, w)
-				return nil, status.Error(codes.Unavailable, "rate limit backend unavailable: "+err.Error())
-			}
+		for k := range w.items {
+			w.items[k].req.Key = keys[start:w.items[k].keyEnd]
+			start = w.items[k].keyEnd
 		}
 	}
-	return s.response(req, w, admitted), nil
-}
-
-func (w *work) reset(n int) {
-	w.entries = w.entries[:0]
-	w.reqs = w.reqs[:0]
-	w.owner = w.owner[:0]
-	w.lims = w.lims[:0]
-	w.via = w.via[:0]
-	w.failed = false
-	w.keys = w.keys[:0]
-	w.keyEnd = w.keyEnd[:0]
-	w.replaced = w.replaced[:0]
-	w.limits = append(w.limits[:0], make([][]descriptors.Limit, n)...)
-	w.rules = append(w.rules[:0], make([]*descriptors.Rule, n)...)
-	w.over = append(w.over[:0], make([]descriptors.Limit, n)...)
 }
 
 // appendKey appends the backend key of one limit of a descriptor: the domain, every entry's key
@@ -264,7 +296,6 @@ func (w *work) appendKey(domain string, entries []*ratelimitv3.RateLimitDescript
 	}
 	w.keys = append(w.keys, '#')
 	w.keys = strconv.AppendInt(w.keys, int64(limit), 10)
-	w.keyEnd = append(w.keyEnd, len(w.keys))
 }
 
 func appendField(b []byte, s string) []byte {
@@ -277,7 +308,7 @@ func appendField(b []byte, s string) []byte {
 func (s *Service) decide(ctx context.Context, w *work) (bool, error) {
 	if s.tracer != nil {
 		var span trace.Span
-		ctx, span = s.tracer.Start(ctx, "rls.backend.Decide", trace.WithAttributes(attribute.Int("rls.keys", len(w.reqs))))
+		ctx, span = s.tracer.Start(ctx, "rls.backend.Decide", trace.WithAttributes(attribute.Int("rls.keys", len(w.items))))
 		defer span.End()
 		admitted, err := s.timedDecide(ctx, w)
 		if err != nil {
@@ -291,12 +322,25 @@ func (s *Service) decide(ctx context.Context, w *work) (bool, error) {
 }
 
 func (s *Service) timedDecide(ctx context.Context, w *work) (bool, error) {
-	if s.metrics == nil {
-		return s.backend.Decide(ctx, w.reqs, w.out)
+	w.reqs = w.reqs[:0]
+	for k := range w.items {
+		w.reqs = append(w.reqs, w.items[k].req)
 	}
-	start := time.Now()
+	w.out = slices.Grow(w.out[:0], len(w.reqs))[:len(w.reqs)]
+	clear(w.out)
+	var start time.Time
+	if s.metrics != nil {
+		start = time.Now()
+	}
 	admitted, err := s.backend.Decide(ctx, w.reqs, w.out)
-	s.metrics.latency.Observe(time.Since(start).Seconds())
+	if s.metrics != nil {
+		s.metrics.latency.Observe(time.Since(start).Seconds())
+	}
+	if err == nil {
+		for k := range w.items {
+			w.items[k].dec = w.out[k]
+		}
+	}
 	return admitted, err
 }
 
@@ -316,18 +360,18 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 	for i := range req.Descriptors {
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
 		resp.Statuses[i] = st
-		r := w.rules[i]
+		r := w.descs[i].rule
 		if r != nil && r.Unlimited {
 			st.LimitRemaining = math.MaxUint32
 		}
 		// Pick the limit that denies or, when all admit, the one with least remaining.
 		best := -1
-		for ; k < len(w.reqs) && w.owner[k] == i; k++ {
+		for ; k < len(w.items) && w.items[k].desc == i; k++ {
 			if best < 0 {
 				best = k
 				continue
 			}
-			b, c := &w.out[best], &w.out[k]
+			b, c := &w.items[best].dec, &w.items[k].dec
 			if b.Allowed && (!c.Allowed || c.Remaining < b.Remaining) {
 				best = k
 			}
@@ -335,16 +379,17 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 		if best < 0 {
 			continue
 		}
-		if w.failed && w.via[best] == FailAllow && w.out[best].Allowed {
+		it := &w.items[best]
+		if s.metrics != nil {
+			s.record(req.Descriptors[i], r, w, it)
+		}
+		if it.via == FailAllow && it.dec.Allowed {
 			// Admitted without a decision: no limit or remaining to report, so that Envoy's
 			// headers don't promise what nothing counted.
-			if s.metrics != nil {
-				s.record(req.Descriptors[i], r, w, best)
-			}
 			continue
 		}
-		d := w.out[best]
-		lim := w.lims[best]
+		d := it.dec
+		lim := it.limit
 		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
 			Name:            lim.Name,
 			RequestsPerUnit: lim.RequestsPerUnit,
@@ -355,14 +400,15 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 		wait := d.ResetAfter
 		if !d.Allowed {
 			wait = d.RetryAfter
-			if w.reqs[best].Mode != backend.Shadow {
+			if wait <= 0 && it.req.Cost > it.req.Limit.Burst {
+				// A cost above the burst never passes: never answer "retry now".
+				wait = fullSpan(it.req.Limit)
+			}
+			if it.req.Mode != backend.Shadow {
 				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 			}
 		}
 		st.DurationUntilReset = durationpb.New(wait)
-		if s.metrics != nil {
-			s.record(req.Descriptors[i], r, w, best)
-		}
 		if r != nil && r.QuotaMode {
 			quotaSeen = true
 			if !d.Allowed {
@@ -398,6 +444,27 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 	return resp
 }
 
+// fullSpan is the time a limit takes to refill a whole burst, Burst×Period/Rate (Period for a
+// rate of 0), rounded up to a whole second and never zero.
+func fullSpan(l backend.Limit) time.Duration {
+	if l.Rate <= 0 || l.Burst <= 0 {
+		return max(l.Period, time.Second)
+	}
+	hi, lo := bits.Mul64(uint64(l.Burst), uint64(max(l.Period, 0)))
+	if hi >= uint64(l.Rate) {
+		return math.MaxInt64
+	}
+	q, r := bits.Div64(hi, lo, uint64(l.Rate))
+	if r != 0 {
+		q++
+	}
+	sec := uint64(time.Second)
+	if q > math.MaxInt64-sec {
+		return math.MaxInt64
+	}
+	return time.Duration(max((q+sec-1)/sec, 1) * sec)
+}
+
 // overrideLimit is the limit a descriptor's override asks for: its burst is its rate, its
 // multiplier 1 when unset.
 func overrideLimit(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) descriptors.Limit {
@@ -411,6 +478,9 @@ func validate(req *rlsv3.RateLimitRequest) error {
 	}
 	if len(req.GetDomain()) > MaxValueBytes {
 		return fmt.Errorf("domain longer than %d bytes", MaxValueBytes)
+	}
+	if !utf8.ValidString(req.GetDomain()) {
+		return errors.New("domain is not valid UTF-8")
 	}
 	n := len(req.GetDescriptors())
 	if n == 0 {
@@ -436,6 +506,10 @@ func validate(req *rlsv3.RateLimitRequest) error {
 				return fmt.Errorf("descriptors[%d].entries[%d]: key longer than %d bytes", i, j, MaxKeyBytes)
 			case len(e.GetValue()) > MaxValueBytes:
 				return fmt.Errorf("descriptors[%d].entries[%d]: value longer than %d bytes", i, j, MaxValueBytes)
+			case !utf8.ValidString(e.GetKey()):
+				return fmt.Errorf("descriptors[%d].entries[%d]: key is not valid UTF-8", i, j)
+			case !utf8.ValidString(e.GetValue()):
+				return fmt.Errorf("descriptors[%d].entries[%d]: value is not valid UTF-8", i, j)
 			}
 		}
 		if o := d.GetLimit(); o != nil {

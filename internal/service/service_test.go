@@ -11,6 +11,7 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -60,6 +61,7 @@ descriptors:
 
 type fixture struct {
 	svc   *Service
+	reg   *prometheus.Registry
 	clock time.Time
 }
 
@@ -69,7 +71,13 @@ func newFixture(t *testing.T, opts Options) *fixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := &fixture{clock: time.Unix(1_800_000_000, 0)}
+	f := &fixture{clock: time.Unix(1_800_000_000, 0), reg: prometheus.NewRegistry()}
+	if opts.Metrics == nil {
+		// As in production: the failure path once panicked only with metrics on.
+		if opts.Metrics, err = NewMetrics(f.reg, 0.8); err != nil {
+			t.Fatal(err)
+		}
+	}
 	if opts.Backend == nil {
 		m, err := backend.NewMemory(backend.MemoryOptions{Now: func() time.Time { return f.clock }})
 		if err != nil {
@@ -318,6 +326,9 @@ func TestInvalidArgument(t *testing.T) {
 		{"override unit unknown", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{withOverride(typev3.RateLimitUnit_UNKNOWN, nil)}}, "descriptors[0].limit: unit UNKNOWN"},
 		{"override unit out of range", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{withOverride(typev3.RateLimitUnit(42), nil)}}, "descriptors[0].limit: unit 42"},
 		{"override multiplier 0", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{withOverride(typev3.RateLimitUnit_SECOND, wrapperspb.UInt32(0))}}, "unit_multiplier must be > 0"},
+		{"domain not UTF-8", &rlsv3.RateLimitRequest{Domain: "a\xff", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("k", "v")}}, "domain is not valid UTF-8"},
+		{"key not UTF-8", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("k", "v"), desc("k\xc0", "v")}}, "descriptors[1].entries[0]: key is not valid UTF-8"},
+		{"value not UTF-8", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("k", "\xed\xa0\x80")}}, "descriptors[0].entries[0]: value is not valid UTF-8"},
 		{"null descriptor", &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{nil}}, "descriptors[0] is null"},
 	}
 	for _, tc := range tests {
@@ -347,6 +358,10 @@ func TestFailureModes(t *testing.T) {
 		repeated string // the answer to the same request a second time
 	}{
 		{"default error", FailError, []*ratelimitv3.RateLimitDescriptor{desc("key", "k")}, "UNAVAILABLE", "UNAVAILABLE"},
+		{"default error, two descriptors", FailError, []*ratelimitv3.RateLimitDescriptor{desc("key", "k"), desc("ip", "1")}, "UNAVAILABLE", "UNAVAILABLE"},
+		{"default error, a limit list", FailError, []*ratelimitv3.RateLimitDescriptor{desc("plan", "free")}, "UNAVAILABLE", "UNAVAILABLE"},
+		{"error rule after an allow rule", FailError, []*ratelimitv3.RateLimitDescriptor{desc("fail_allow", "x"), desc("key", "k"), desc("fail_deny", "x")}, "UNAVAILABLE", "UNAVAILABLE"},
+		{"default unset is error", FailureMode(0), []*ratelimitv3.RateLimitDescriptor{desc("key", "k"), desc("ip", "1")}, "UNAVAILABLE", "UNAVAILABLE"},
 		{"default allow", FailAllow, []*ratelimitv3.RateLimitDescriptor{desc("key", "k")}, "OK OK", "OK OK"},
 		{"default deny", FailDeny, []*ratelimitv3.RateLimitDescriptor{desc("key", "k")}, "OVER_LIMIT OVER_LIMIT", "OVER_LIMIT OVER_LIMIT"},
 		{"default local", FailLocal, []*ratelimitv3.RateLimitDescriptor{desc("fail_allow", "x"), desc("fail_local", "x")}, "OK OK OK", "OVER_LIMIT OK OVER_LIMIT"},

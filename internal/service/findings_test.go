@@ -1,0 +1,319 @@
+package service
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/descriptors"
+)
+
+func TestFailurePolicy(t *testing.T) {
+	lim := backend.Limit{Rate: 2, Period: time.Minute, Burst: 2}
+	allowed := backend.Decision{Allowed: true}
+	denied := backend.Decision{RetryAfter: 30 * time.Second, ResetAfter: time.Minute}
+	tests := []struct {
+		name        string
+		fail        []FailureMode
+		mode        []backend.Mode
+		stands      bool
+		local       bool
+		via         []FailureMode
+		dec         []backend.Decision
+		costOfLocal int64 // the cost left on local items
+	}{
+		{"allow", []FailureMode{FailAllow, FailAllow}, nil, true, false, []FailureMode{FailAllow, FailAllow}, []backend.Decision{allowed, allowed}, 1},
+		{"deny", []FailureMode{FailDeny}, nil, true, false, []FailureMode{FailDeny}, []backend.Decision{denied}, 1},
+		{"error first", []FailureMode{FailError, FailAllow, FailDeny}, nil, false, false, []FailureMode{FailError, FailError, FailError}, make([]backend.Decision, 3), 1},
+		{"error last marks every item", []FailureMode{FailAllow, FailDeny, FailLocal, FailError}, nil, false, false, []FailureMode{FailError, FailError, FailError, FailError}, make([]backend.Decision, 4), 1},
+		{"local", []FailureMode{FailLocal, FailAllow}, nil, true, true, []FailureMode{FailLocal, FailAllow}, []backend.Decision{{}, allowed}, 1},
+		{"local beside an enforced deny only checks", []FailureMode{FailLocal, FailDeny}, nil, true, true, []FailureMode{FailLocal, FailDeny}, []backend.Decision{{}, denied}, 0},
+		{"local beside a shadow deny charges", []FailureMode{FailLocal, FailDeny}, []backend.Mode{backend.Enforce, backend.Shadow}, true, true, []FailureMode{FailLocal, FailDeny}, []backend.Decision{{}, denied}, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			items := make([]item, len(tc.fail))
+			for k, f := range tc.fail {
+				items[k] = item{desc: k, fail: f, req: backend.Request{Limit: lim, Cost: 1}, dec: backend.Decision{Allowed: true, Remaining: 99}}
+				if tc.mode != nil {
+					items[k].req.Mode = tc.mode[k]
+				}
+			}
+			stands, local := failurePolicy(items)
+			if stands != tc.stands || local != tc.local {
+				t.Fatalf("stands, local = %v, %v; want %v, %v", stands, local, tc.stands, tc.local)
+			}
+			for k := range items {
+				if items[k].via != tc.via[k] || items[k].dec != tc.dec[k] {
+					t.Errorf("item %d: via %v, %+v; want %v, %+v", k, items[k].via, items[k].dec, tc.via[k], tc.dec[k])
+				}
+				if items[k].via == FailLocal && items[k].req.Cost != tc.costOfLocal {
+					t.Errorf("item %d: local cost %d, want %d", k, items[k].req.Cost, tc.costOfLocal)
+				}
+			}
+		})
+	}
+}
+
+// erring is a backend that fails every call with err.
+type erring struct{ err error }
+
+func (e erring) Decide(context.Context, []backend.Request, []backend.Decision) (bool, error) {
+	return false, e.err
+}
+func (erring) Close() error { return nil }
+
+// logBuffer is a logger writing text into a buffer, at every level.
+func logBuffer() (*slog.Logger, *bytes.Buffer) {
+	var b bytes.Buffer
+	return slog.New(slog.NewTextHandler(&b, &slog.HandlerOptions{Level: slog.LevelDebug})), &b
+}
+
+func TestBackendErrorKinds(t *testing.T) {
+	timeout := &net.OpError{Op: "read", Net: "tcp",
+		Source: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 50012},
+		Addr:   &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 16379}, Err: os.ErrDeadlineExceeded}
+	tests := []struct {
+		name     string
+		err      error
+		mode     FailureMode
+		want     string // codes of the answer, or the gRPC code and message
+		kind     string // the rls_backend_errors_total kind counted, or ""
+		overload float64
+		logged   string // logged at Error
+	}{
+		{"timeout, addresses kept from the client", fmt.Errorf("%w: redis: %w", backend.ErrUnavailable, timeout), FailError,
+			"Unavailable: rate limit backend unavailable: timeout", "unavailable", 0, ""},
+		{"unavailable, failure mode allow", fmt.Errorf("%w: redis: NOAUTH Authentication required.", backend.ErrUnavailable), FailAllow,
+			"OK OK OK", "unavailable", 0, ""},
+		{"deadline", fmt.Errorf("%w: %w", backend.ErrUnavailable, context.DeadlineExceeded), FailError,
+			"Unavailable: rate limit backend unavailable: timeout", "timeout", 0, ""},
+		{"overload is answered by the failure mode, counted apart", fmt.Errorf("%w: shed", backend.ErrOverloaded), FailDeny,
+			"OVER_LIMIT OVER_LIMIT OVER_LIMIT", "", 1, ""},
+		{"overload, mode error", backend.ErrOverloaded, FailError,
+			"Unavailable: rate limit backend unavailable: overloaded", "", 1, ""},
+		{"another error is INTERNAL whatever the failure mode", errors.New("redis backend: 1 decisions for 2 requests at 10.1.2.3:6379"), FailAllow,
+			"Internal: rate limit backend error", "other", 0, "10.1.2.3:6379"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			log, buf := logBuffer()
+			f := newFixture(t, Options{Backend: erring{tc.err}, FailureMode: tc.mode, Logger: log})
+			resp, err := f.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api",
+				Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("key", "k"), desc("ip", "1")}})
+			got := ""
+			if err != nil {
+				got = status.Code(err).String() + ": " + status.Convert(err).Message()
+			} else {
+				got = codesOf(resp)
+			}
+			if got != tc.want {
+				t.Fatalf("got %q, want %q", got, tc.want)
+			}
+			if strings.Contains(got, "127.0.0.1") || strings.Contains(got, "NOAUTH") || strings.Contains(got, "10.1.2.3") {
+				t.Fatalf("the client sees internals: %q", got)
+			}
+			for _, k := range []string{"timeout", "unavailable", "other"} {
+				want := 0.0
+				if k == tc.kind {
+					want = 1
+				}
+				if n := counterValue(t, f.svc.metrics.errors.WithLabelValues(k)); n != want {
+					t.Errorf("rls_backend_errors_total{kind=%q} = %v, want %v", k, n, want)
+				}
+			}
+			if n := counterValue(t, f.svc.metrics.overload); n != tc.overload {
+				t.Errorf("rls_overload_shed_total = %v, want %v", n, tc.overload)
+			}
+			errorLines := 0
+			for _, line := range strings.Split(buf.String(), "\n") {
+				if strings.Contains(line, "level=ERROR") {
+					errorLines++
+					if !strings.Contains(line, tc.logged) {
+						t.Errorf("logged %q, want the error %q", line, tc.logged)
+					}
+				}
+			}
+			if want := map[bool]int{true: 1, false: 0}[tc.logged != ""]; errorLines != want {
+				t.Errorf("%d lines at Error, want %d:\n%s", errorLines, want, buf)
+			}
+			if !strings.Contains(buf.String(), "level=DEBUG msg=\"backend failed\"") {
+				t.Errorf("the full error is not logged at Debug:\n%s", buf)
+			}
+		})
+	}
+}
+
+func TestErrorLogRateLimited(t *testing.T) {
+	log, buf := logBuffer()
+	t0 := time.Unix(1_800_000_000, 0)
+	now := t0
+	l := errorLog{now: func() time.Time { return now }}
+	steps := []struct {
+		at   time.Duration
+		want string // the suppressed count logged, or "" for nothing logged
+	}{
+		{0, "suppressed=0"},
+		{100 * time.Millisecond, ""},
+		{999 * time.Millisecond, ""},
+		{time.Second, "suppressed=2"},
+		{1500 * time.Millisecond, ""},
+		{5 * time.Second, "suppressed=1"},
+	}
+	for i, st := range steps {
+		now = t0.Add(st.at)
+		buf.Reset()
+		l.log(context.Background(), log, errors.New("boom"))
+		if got := buf.String(); (st.want == "") != (got == "") || !strings.Contains(got, st.want) {
+			t.Fatalf("step %d at %v: logged %q, want %q", i, st.at, got, st.want)
+		}
+	}
+}
+
+func TestDetailedMetricCap(t *testing.T) {
+	rs, err := descriptors.Parse(map[string][]byte{"api.yaml": []byte(`
+domain: api
+descriptors:
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: path
+    value_to_metric: true
+    rate_limit: {unit: second, requests_per_unit: 10}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log, buf := logBuffer()
+	mb, _ := backend.NewMemory(backend.MemoryOptions{})
+	svc, err := New(rs, Options{Backend: mb, Metrics: m, Logger: log, DetailedMetricValues: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 50 {
+		for _, key := range []string{"user", "path"} {
+			if _, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api",
+				Descriptors: []*ratelimitv3.RateLimitDescriptor{desc(key, fmt.Sprint("v", i))}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	svc.SetRules(rs) // a reload does not lift the cap
+	svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "new")}})
+
+	rules := map[string]float64{} // rule label → hits
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "rls_hits_total" {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			for _, lp := range s.GetLabel() {
+				if lp.GetName() == "rule" {
+					rules[lp.GetValue()] += s.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	want := map[string]float64{"user=v0": 1, "user=v1": 1, "user=v2": 1, "user/_overflow_": 48,
+		"path=v0": 1, "path=v1": 1, "path=v2": 1, "path/_overflow_": 47}
+	if fmt.Sprint(rules) != fmt.Sprint(want) {
+		t.Fatalf("series by rule: %v\nwant %v", rules, want)
+	}
+	if n := strings.Count(buf.String(), "level=WARN"); n != 2 {
+		t.Fatalf("%d warnings, want one per rule:\n%s", n, buf)
+	}
+	if strings.Contains(buf.String(), "v3") {
+		t.Fatalf("a warning carries a descriptor value:\n%s", buf)
+	}
+}
+
+func TestCostAboveBurst(t *testing.T) {
+	f := newFixture(t, Options{})
+	d := desc("key", "cost")
+	d.HitsAddend = wrapperspb.UInt64(5) // per_key: 3 a minute, burst 3
+	for i := range 2 {
+		r := f.ask(t, d)
+		st := r.Statuses[0]
+		if codesOf(r) != "OVER_LIMIT OVER_LIMIT" || st.DurationUntilReset.AsDuration() != time.Minute {
+			t.Fatalf("request %d, cost 5 above burst 3: %v, want OVER_LIMIT for a full burst's span (1m), never 0s", i+1, r)
+		}
+	}
+	if f := fullSpan(backend.Limit{Rate: 7, Period: time.Second, Burst: 3}); f != time.Second {
+		t.Fatalf("fullSpan rounds up to a second: %v", f)
+	}
+	if f := fullSpan(backend.Limit{Rate: 1, Period: 1 << 62, Burst: 1 << 32}); f != 1<<63-1 {
+		t.Fatalf("fullSpan saturates: %v", f)
+	}
+}
+
+func TestJSONContentType(t *testing.T) {
+	f := newFixture(t, Options{})
+	h := f.svc.JSONHandler()
+	// per_key admits 3 a minute: the refused requests come first and must not spend them.
+	body := `{"domain":"api","descriptors":[{"entries":[{"key":"key","value":"x"}]}]}`
+	tests := []struct {
+		contentType string
+		code        int
+	}{
+		{"", http.StatusUnsupportedMediaType},
+		{"text/plain", http.StatusUnsupportedMediaType},
+		{"application/x-www-form-urlencoded", http.StatusUnsupportedMediaType},
+		{"multipart/form-data; boundary=x", http.StatusUnsupportedMediaType},
+		{"application/json;;", http.StatusUnsupportedMediaType},
+		{"application/json", 200},
+		{"application/json; charset=utf-8", 200},
+		{"Application/JSON", 200},
+	}
+	for _, tc := range tests {
+		t.Run(tc.contentType, func(t *testing.T) {
+			req := httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body))
+			if tc.contentType != "" {
+				req.Header.Set("Content-Type", tc.contentType)
+			}
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, req)
+			if rec.Code != tc.code {
+				t.Fatalf("%d %s, want %d", rec.Code, rec.Body, tc.code)
+			}
+			if tc.code == http.StatusUnsupportedMediaType && !strings.Contains(rec.Body.String(), "Content-Type must be application/json") {
+				t.Fatalf("body %q does not say why", rec.Body)
+			}
+		})
+	}
+}
+
+// counterValue reads a counter.
+func counterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
+}

@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -130,23 +129,11 @@ func oneDesc(d *ratelimitv3.RateLimitDescriptor) []*ratelimitv3.RateLimitDescrip
 // goroutines reads go_goroutines from the process's /metrics.
 func goroutines(t *testing.T, p *rlsProc) int {
 	t.Helper()
-	resp, err := http.Get("http://" + p.HTTPAddr + "/metrics")
+	n, err := strconv.ParseFloat(metricValues(t, p.HTTPAddr)["go_goroutines"], 64)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("go_goroutines in /metrics: %v", err)
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return int(n)
-		}
-	}
-	t.Fatal("no go_goroutines in /metrics")
-	return 0
+	return int(n)
 }
 
 // TestRedisKilledUnderLoad: Redis dies under load. Every answer follows the failure mode of its

@@ -15,6 +15,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
@@ -379,5 +380,93 @@ func TestHTTPLimits(t *testing.T) {
 				t.Errorf("debug server: write timeout %v (want none, for profiles), read timeout %v", d.WriteTimeout, d.ReadTimeout)
 			}
 		})
+	}
+}
+
+// cachingBackend is a healthyBackend with a local cache: it counts purges and reports hits.
+type cachingBackend struct {
+	*healthyBackend
+	mu     sync.Mutex
+	purges int
+	hits   uint64
+}
+
+var (
+	_ backend.CachePurger = (*cachingBackend)(nil)
+	_ backend.CacheStats  = (*cachingBackend)(nil)
+)
+
+func (b *cachingBackend) PurgeCache() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.purges++
+}
+
+func (b *cachingBackend) CacheHits() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.hits
+}
+
+// TestBackendCapabilities: a backend's optional capabilities are used through their named
+// interfaces: health and cache hits as metrics, the cache purged on every rule reload.
+func TestBackendCapabilities(t *testing.T) {
+	be := &cachingBackend{healthyBackend: newHealthyBackend(t, true), hits: 7}
+	reg := prometheus.NewRegistry()
+	registerBackendMetrics(reg, be)
+	gather := func() map[string]float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, mf := range mfs {
+			m := mf.GetMetric()[0]
+			out[mf.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+		return out
+	}
+	if got := gather(); got["rls_backend_up"] != 1 || got["rls_local_cache_hits_total"] != 7 {
+		t.Errorf("healthy: %v, want rls_backend_up 1 and rls_local_cache_hits_total 7", got)
+	}
+	be.set(false)
+	if got := gather(); got["rls_backend_up"] != 0 {
+		t.Errorf("unhealthy: %v, want rls_backend_up 0", got)
+	}
+
+	// Without the capabilities, neither metric exists.
+	mem, err := backend.NewMemory(backend.MemoryOptions{MaxKeys: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg = prometheus.NewRegistry()
+	registerBackendMetrics(reg, mem)
+	if got := gather(); len(got) != 0 {
+		t.Errorf("memory backend: metrics %v, want none", got)
+	}
+
+	// A reload purges the cache, once per rule set applied.
+	rules, err := loadRules("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	metrics, err := service.NewMetrics(prometheus.NewRegistry(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := service.New(rules, service.Options{Backend: be, Local: mem, Logger: log, Metrics: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &server{log: log, be: be, svc: svc}
+	for range 2 {
+		if err := s.applyRules(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if be.purges != 2 {
+		t.Errorf("2 reloads purged the cache %d times", be.purges)
 	}
 }

@@ -1,13 +1,17 @@
 package integration
 
 import (
+	"bufio"
 	"bytes"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -221,6 +225,73 @@ func TestJSONEndpoint(t *testing.T) {
 	}
 }
 
+// TestHTTPConnectionLimits: the HTTP listener cuts off a client that sends its body too slowly
+// and closes keep-alive connections left idle, instead of holding their file descriptors for
+// ever. Short flag values stand in for the defaults.
+func TestHTTPConnectionLimits(t *testing.T) {
+	const readTimeout, idleTimeout = 500 * time.Millisecond, 500 * time.Millisecond
+	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"shop.yaml": coreRules}),
+		"--http-read-timeout", readTimeout.String(), "--http-idle-timeout", idleTimeout.String())
+	t.Run("a body sent at a byte per 100ms is cut off", func(t *testing.T) {
+		c, err := net.Dial("tcp", p.HTTPAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		const bodyLen = 100 // 10 s at this pace
+		fmt.Fprintf(c, "POST /json HTTP/1.1\r\nHost: rls\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n", bodyLen)
+		closed := make(chan struct{})
+		go func() { // reads until the server closes the connection
+			defer close(closed)
+			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			io.Copy(io.Discard, c)
+		}()
+		start := time.Now()
+		sent := 0
+	send:
+		for ; sent < bodyLen; sent++ {
+			select {
+			case <-closed:
+				break send
+			case <-time.After(100 * time.Millisecond):
+			}
+			if _, err := c.Write([]byte(" ")); err != nil {
+				break // the server closed it
+			}
+		}
+		<-closed
+		if sent == bodyLen {
+			t.Fatalf("the server read the whole %d-byte body over %v; want it cut off after --http-read-timeout %v", bodyLen, time.Since(start), readTimeout)
+		}
+		if took := time.Since(start); took < readTimeout/2 {
+			t.Errorf("closed after %v, before the read timeout %v", took, readTimeout)
+		}
+	})
+
+	t.Run("an idle keep-alive connection is closed", func(t *testing.T) {
+		c, err := net.Dial("tcp", p.HTTPAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		fmt.Fprint(c, "GET /healthz HTTP/1.1\r\nHost: rls\r\n\r\n")
+		br := bufio.NewReader(c)
+		resp, err := http.ReadResponse(br, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Close {
+			t.Fatalf("GET /healthz: %d, close %v; want 200 on a kept-alive connection", resp.StatusCode, resp.Close)
+		}
+		_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+		if _, err := br.ReadByte(); err != io.EOF {
+			t.Fatalf("idle keep-alive connection: read %v, want EOF once --http-idle-timeout %v has passed", err, idleTimeout)
+		}
+	})
+}
+
 func TestEmbeddedDefaultAndEnv(t *testing.T) {
 	p := startRLS(t, []string{"RLS_RESPONSE_HEADERS=legacy"})
 	r, err := p.client(t).ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "example", Descriptors: []*ratelimitv3.RateLimitDescriptor{d("api_key", "k")}})
@@ -249,8 +320,15 @@ func runBinary(t *testing.T, args ...string) (string, int) {
 
 func TestValidateCommand(t *testing.T) {
 	good := writeRules(t, map[string]string{"shop.yaml": coreRules})
-	if out, code := runBinary(t, "validate", good); code != 0 || !strings.Contains(out, "ok: 1 domain(s) from 1 file(s)") {
-		t.Fatalf("valid rules: exit %d\n%s", code, out)
+	for _, args := range [][]string{{"validate", good}, {"validate", "--config", good}, {"validate", "--config=" + good}} {
+		if out, code := runBinary(t, args...); code != 0 || !strings.Contains(out, "ok: 1 domain(s) from 1 file(s)") {
+			t.Fatalf("rls %s: exit %d\n%s", strings.Join(args, " "), code, out)
+		}
+	}
+	for _, args := range [][]string{{"validate"}, {"validate", "--config", good, good}, {"validate", good, good}} {
+		if out, code := runBinary(t, args...); code != 64 || !strings.Contains(out, "usage: rls validate PATH, or rls validate --config PATH") {
+			t.Errorf("rls %s: exit %d, want 64 and the usage\n%s", strings.Join(args, " "), code, out)
+		}
 	}
 	bad := writeRules(t, map[string]string{
 		"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n",

@@ -20,27 +20,20 @@ import (
 	"testing"
 	"time"
 
-	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/access_loggers/stream/v3"
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/local_ratelimit/v3"
 	httprlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/local_ratelimit/v3"
 	netrlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/ratelimit/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/tcp_proxy/v3"
 	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
-	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	matcherv3 "github.com/envoyproxy/go-control-plane/envoy/type/matcher/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
-	"sigs.k8s.io/yaml"
+
+	"github.com/rls-project/rls/deploy/envoytest"
 )
 
 // This file plays Envoy running deploy/envoy/envoy.yaml: it derives, from the route's
@@ -49,68 +42,21 @@ import (
 // parts of Envoy's behaviour that envoy.yaml uses are modelled; anything else fails the test,
 // so a change to envoy.yaml cannot silently outgrow the model.
 
-func loadEnvoyBootstrap(t *testing.T, name string) *bootstrapv3.Bootstrap {
-	t.Helper()
-	data, err := os.ReadFile(filepath.Join(repoRoot(), "deploy", "envoy", name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	js, err := yaml.YAMLToJSON(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bs := &bootstrapv3.Bootstrap{}
-	if err := protojson.Unmarshal(js, bs); err != nil {
-		t.Fatal(err)
-	}
-	return bs
-}
+// envoyFile is the path of a file under deploy/envoy.
+func envoyFile(name string) string { return filepath.Join(repoRoot(), "deploy", "envoy", name) }
 
 // edgeProxy is what deploy/envoy/envoy.yaml tells Envoy about rate limiting.
 type edgeProxy struct {
-	hcm       *hcmv3.HttpConnectionManager
-	http      *httprlv3.RateLimit // the global HTTP filter
-	tcp       *netrlv3.RateLimit  // the network filter
-	tcpFilter bool
+	hcm  *hcmv3.HttpConnectionManager
+	http *httprlv3.RateLimit // the global HTTP filter
+	tcp  *netrlv3.RateLimit  // the network filter
 }
 
 func loadEdgeProxy(t *testing.T) *edgeProxy {
 	t.Helper()
-	e := &edgeProxy{}
-	for _, l := range loadEnvoyBootstrap(t, "envoy.yaml").GetStaticResources().GetListeners() {
-		for _, fc := range l.GetFilterChains() {
-			for _, f := range fc.GetFilters() {
-				m, err := f.GetTypedConfig().UnmarshalNew()
-				if err != nil {
-					t.Fatal(err)
-				}
-				switch c := m.(type) {
-				case *hcmv3.HttpConnectionManager:
-					e.hcm = c
-				case *netrlv3.RateLimit:
-					e.tcp = c
-				}
-			}
-		}
-	}
-	if e.hcm == nil || e.tcp == nil {
-		t.Fatal("envoy.yaml: want an HTTP connection manager and a network ratelimit filter")
-	}
-	for _, f := range e.hcm.GetHttpFilters() {
-		m, err := f.GetTypedConfig().UnmarshalNew()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if c, ok := m.(*httprlv3.RateLimit); ok {
-			if e.http != nil {
-				t.Fatal("envoy.yaml: two ratelimit filters; the model handles one")
-			}
-			e.http = c
-		}
-	}
+	edge := envoytest.LoadEdge(t, envoyFile("envoy.yaml"))
+	e := &edgeProxy{hcm: edge.HCM, http: edge.Global, tcp: edge.TCP}
 	switch {
-	case e.http == nil:
-		t.Fatal("envoy.yaml: no envoy.filters.http.ratelimit")
 	case len(e.http.GetRateLimits()) > 0:
 		t.Fatal("envoy.yaml: the ratelimit filter's own rate_limits replace the route's; the model does not handle them")
 	case e.http.GetRequestType() != "both" && e.http.GetRequestType() != "":
@@ -682,15 +628,11 @@ func (p *testPKI) write(t *testing.T, name, typ string, der []byte) string {
 func TestEnvoyTLSSettings(t *testing.T) {
 	t.Parallel()
 	var up *tlsv3.UpstreamTlsContext
-	for _, c := range loadEnvoyBootstrap(t, "envoy-tls.yaml").GetStaticResources().GetClusters() {
+	for _, c := range envoytest.Load(t, envoyFile("envoy-tls.yaml")).GetStaticResources().GetClusters() {
 		if c.GetName() != "rls" {
 			continue
 		}
-		m, err := c.GetTransportSocket().GetTypedConfig().UnmarshalNew()
-		if err != nil {
-			t.Fatal(err)
-		}
-		up, _ = m.(*tlsv3.UpstreamTlsContext)
+		up = envoytest.Unpack[*tlsv3.UpstreamTlsContext](t, c.GetTransportSocket().GetTypedConfig())
 	}
 	if up == nil {
 		t.Fatal("envoy-tls.yaml: rls cluster has no UpstreamTlsContext")

@@ -67,12 +67,13 @@ func freePort(t testing.TB) int { return redistest.FreePort(t) }
 
 // rlsProc is one running rls process.
 type rlsProc struct {
-	GRPCAddr string
-	HTTPAddr string // host:port
-	cmd      *exec.Cmd
-	out      *syncBuffer
-	done     chan struct{}
-	exitErr  error
+	GRPCAddr  string
+	HTTPAddr  string // host:port
+	DebugAddr string // host:port of the debug listener; "" when args turned it off
+	cmd       *exec.Cmd
+	out       *syncBuffer
+	done      chan struct{}
+	exitErr   error
 }
 
 type syncBuffer struct {
@@ -92,9 +93,9 @@ func (s *syncBuffer) String() string {
 	return s.b.String()
 }
 
-// startRLS starts the rls binary with args (plus --grpc-addr and --http-addr on free loopback
-// ports unless args set them), waits until /readyz answers 200 and stops the process when the
-// test ends. env is added to the process environment.
+// startRLS starts the rls binary with args (plus --grpc-addr, --http-addr and --debug-addr on
+// free loopback ports unless args set them), waits until /readyz answers 200 and stops the
+// process when the test ends. env is added to the process environment.
 func startRLS(t testing.TB, env []string, args ...string) *rlsProc {
 	t.Helper()
 	bin := rlsBinary(t)
@@ -107,6 +108,10 @@ func startRLS(t testing.TB, env []string, args ...string) *rlsProc {
 	if !strings.Contains(joined, "--http-addr") {
 		p.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
 		args = append(args, "--http-addr", p.HTTPAddr)
+	}
+	if !strings.Contains(joined, "--debug-addr") {
+		p.DebugAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+		args = append(args, "--debug-addr", p.DebugAddr)
 	}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), env...)

@@ -49,16 +49,22 @@ func dialH2(t *testing.T, addr string) *h2Conn {
 		trailers: make(chan map[string]string, 1), readerEnd: make(chan struct{}),
 	}
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
+	// The connection preface (the magic string, then our SETTINGS) goes out before the reader
+	// starts: the server sends its SETTINGS as soon as it accepts, and a reader already running
+	// could ack them ahead of the preface, which the server answers by closing the connection
+	// without a GOAWAY.
+	if _, err := conn.Write([]byte(http2.ClientPreface)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
 	go c.read()
 	t.Cleanup(func() {
 		c.closed.Store(true)
 		conn.Close()
 		<-c.readerEnd
 	})
-	if _, err := conn.Write([]byte(http2.ClientPreface)); err != nil {
-		t.Fatal(err)
-	}
-	c.write(func() error { return c.fr.WriteSettings() })
 	return c
 }
 

@@ -99,6 +99,8 @@ func TestMetricsCountExactly(t *testing.T) {
 	}
 }
 
+// TestDebugEndpoints: the rules in force and any key's state are shown on the debug listener
+// only (loopback by default), never on the HTTP listener; pprof only with --debug.
 func TestDebugEndpoints(t *testing.T) {
 	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"obs.yaml": observeRules}))
 	c := p.client(t)
@@ -108,10 +110,10 @@ func TestDebugEndpoints(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	const explainBody = `{"domain":"obs","descriptors":[{"entries":[{"key":"api_key","value":"e1"}]},{"entries":[{"key":"nope","value":"x"}]}]}`
 	explain := func() map[string]any {
 		t.Helper()
-		resp, err := http.Post("http://"+p.HTTPAddr+"/debug/explain", "application/json",
-			strings.NewReader(`{"domain":"obs","descriptors":[{"entries":[{"key":"api_key","value":"e1"}]},{"entries":[{"key":"nope","value":"x"}]}]}`))
+		resp, err := http.Post("http://"+p.DebugAddr+"/debug/explain", "application/json", strings.NewReader(explainBody))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -139,7 +141,7 @@ func TestDebugEndpoints(t *testing.T) {
 			t.Fatalf("round %d: second descriptor %v", round, second)
 		}
 	}
-	resp, err := http.Get("http://" + p.HTTPAddr + "/debug/rules")
+	resp, err := http.Get("http://" + p.DebugAddr + "/debug/rules")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,12 +150,45 @@ func TestDebugEndpoints(t *testing.T) {
 	if !strings.Contains(string(body), `"generation": 1`) || !strings.Contains(string(body), `"path": "api_key"`) || !strings.Contains(string(body), "obs.yaml") {
 		t.Fatalf("/debug/rules: %s", body)
 	}
-	// pprof only with --debug.
-	if resp, err := http.Get("http://" + p.HTTPAddr + "/debug/pprof/"); err != nil || resp.StatusCode != 404 {
-		t.Fatalf("pprof without --debug: %v %v", resp.StatusCode, err)
-	}
+
+	// Nothing under /debug/ on the HTTP listener, with or without --debug.
 	q := startRLS(t, nil, "--debug")
-	if resp, err := http.Get("http://" + q.HTTPAddr + "/debug/pprof/"); err != nil || resp.StatusCode != 200 {
-		t.Fatalf("pprof with --debug: %v %v", resp, err)
+	for _, proc := range []*rlsProc{p, q} {
+		for _, req := range []struct{ method, path, body string }{
+			{"GET", "/debug/rules", ""},
+			{"POST", "/debug/explain", explainBody},
+			{"GET", "/debug/pprof/", ""},
+		} {
+			if code := httpStatus(t, req.method, "http://"+proc.HTTPAddr+req.path, req.body); code != http.StatusNotFound {
+				t.Errorf("%s %s on the HTTP listener: %d, want 404", req.method, req.path, code)
+			}
+		}
 	}
+	// pprof only with --debug, on the debug listener.
+	if code := httpStatus(t, "GET", "http://"+p.DebugAddr+"/debug/pprof/", ""); code != http.StatusNotFound {
+		t.Errorf("pprof without --debug: %d, want 404", code)
+	}
+	if code := httpStatus(t, "GET", "http://"+q.DebugAddr+"/debug/pprof/", ""); code != http.StatusOK {
+		t.Errorf("pprof with --debug: %d, want 200", code)
+	}
+	// The debug listener is on loopback unless told otherwise.
+	if out, code := runBinary(t, "-h"); code != 64 || !strings.Contains(out, `--debug-addr (RLS_DEBUG_ADDR)`) || !strings.Contains(out, `(default "127.0.0.1:6070")`) {
+		t.Errorf("rls -h: exit %d, want --debug-addr defaulting to 127.0.0.1:6070:\n%s", code, out)
+	}
+}
+
+// httpStatus sends one request and returns its status code.
+func httpStatus(t *testing.T, method, url, body string) int {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	return resp.StatusCode
 }

@@ -1,10 +1,8 @@
 package integration
 
 import (
-	"bufio"
 	"fmt"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"sync"
@@ -14,22 +12,11 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	goredis "github.com/redis/go-redis/v9"
 	"github.com/rls-project/rls/internal/redistest"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
-
-// testRedisURL returns the Redis URL scripts/test exported in env, failing when it is missing.
-func testRedisURL(t *testing.T, env string) string {
-	t.Helper()
-	u := os.Getenv(env)
-	if u == "" {
-		t.Fatalf("%s is not set: run the tests with scripts/test, which starts a single Redis and a Redis Cluster "+
-			"(or start them yourself and set RLS_TEST_REDIS_URL=redis://127.0.0.1:6379 and "+
-			"RLS_TEST_REDIS_CLUSTER_URL=redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002)", env)
-	}
-	return u
-}
 
 const raceRules = `
 domain: race
@@ -42,9 +29,9 @@ descriptors:
 // clients, spread over them, send 400 requests on one key limited to 100. Exactly 100 are
 // admitted, in each of 20 rounds with a fresh key; on a single Redis and on a Cluster.
 func TestRedisRace(t *testing.T) {
-	for _, tc := range []struct{ name, env string }{{"single", "RLS_TEST_REDIS_URL"}, {"cluster", "RLS_TEST_REDIS_CLUSTER_URL"}} {
+	for _, tc := range []struct{ name, env string }{{"single", redistest.SingleEnv}, {"cluster", redistest.ClusterEnv}} {
 		t.Run(tc.name, func(t *testing.T) {
-			url := testRedisURL(t, tc.env)
+			url := redistest.URL(t, tc.env)
 			rules := writeRules(t, map[string]string{"race.yaml": raceRules})
 			prefix := fmt.Sprintf("race-%d:", time.Now().UnixNano())
 			var clients []rlsv3.RateLimitServiceClient
@@ -94,7 +81,7 @@ func TestRedisRace(t *testing.T) {
 // time comes from Redis. Deciding with its own clock, the replica ahead would see the other's
 // usage of a 10-per-minute limit as long gone and admit ten more.
 func TestRedisClockOffset(t *testing.T) {
-	url := testRedisURL(t, "RLS_TEST_REDIS_URL")
+	url := redistest.URL(t, redistest.SingleEnv)
 	rules := writeRules(t, map[string]string{"clock.yaml": `
 domain: clock
 descriptors:
@@ -142,23 +129,11 @@ func oneDesc(d *ratelimitv3.RateLimitDescriptor) []*ratelimitv3.RateLimitDescrip
 // goroutines reads go_goroutines from the process's /metrics.
 func goroutines(t *testing.T, p *rlsProc) int {
 	t.Helper()
-	resp, err := http.Get("http://" + p.HTTPAddr + "/metrics")
+	n, err := strconv.ParseFloat(metricValues(t, p.HTTPAddr)["go_goroutines"], 64)
 	if err != nil {
-		t.Fatal(err)
+		t.Fatalf("go_goroutines in /metrics: %v", err)
 	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "go_goroutines "); ok {
-			n, err := strconv.ParseFloat(v, 64)
-			if err != nil {
-				t.Fatal(err)
-			}
-			return int(n)
-		}
-	}
-	t.Fatal("no go_goroutines in /metrics")
-	return 0
+	return int(n)
 }
 
 // TestRedisKilledUnderLoad: Redis dies under load. Every answer follows the failure mode of its
@@ -307,5 +282,85 @@ descriptors:
 		if n > before[mode]+5 {
 			t.Errorf("%s process: %d goroutines after recovery, %d before the outage", mode, n, before[mode])
 		}
+	}
+}
+
+// TestRedisRefusingEveryCall: Redis starts asking for a password rls does not have
+// (requirepass set, rls's connections dropped), so every call fails with NOAUTH. rls must say
+// so as it does when Redis is down: /readyz 503 with --failure-mode error, rls_backend_up 0,
+// one log line; and come back by itself when the password is removed.
+func TestRedisRefusingEveryCall(t *testing.T) {
+	r := redistest.Start(t)
+	rules := writeRules(t, map[string]string{"auth.yaml": `
+domain: auth
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000}
+`})
+	p := startRLS(t, nil, "--config", rules, "--backend", "redis", "--redis-url", r.URL(), "--redis-timeout", "1s",
+		"--redis-local-cache-size", "0")
+	c := p.client(t)
+	ctx := ctxT(t)
+	ask := func(i int) error {
+		_, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "auth", Descriptors: oneDesc(d("user", "u"+strconv.Itoa(i)))})
+		return err
+	}
+	readyz := func() int {
+		t.Helper()
+		resp, err := http.Get("http://" + p.HTTPAddr + "/readyz")
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	// await calls until cond holds, failing after 15s with what it last saw.
+	await := func(what string, cond func() bool) {
+		t.Helper()
+		for i, deadline := 0, time.Now().Add(15*time.Second); !cond(); i++ {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: not within 15s (/readyz %d, rls_backend_up %q)\n%s", what, readyz(), metricValues(t, p.HTTPAddr)["rls_backend_up"], p.Output())
+			}
+			_ = ask(i) // the backend learns Redis's state from calls too
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	if err := ask(0); err != nil {
+		t.Fatalf("Redis answering: %v", err)
+	}
+	if up := metricValues(t, p.HTTPAddr)["rls_backend_up"]; up != "1" || readyz() != 200 {
+		t.Fatalf("Redis answering: rls_backend_up %q, /readyz %d; want 1 and 200", up, readyz())
+	}
+
+	admin := goredis.NewClient(&goredis.Options{Addr: r.Addr(), Protocol: 2})
+	defer admin.Close()
+	if err := admin.ConfigSet(ctx, "requirepass", "s3cret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	// Connections authenticated before stay so: drop rls's (CLIENT KILL skips the caller's).
+	if err := admin.Do(ctx, "CLIENT", "KILL", "TYPE", "normal").Err(); err != nil {
+		t.Fatal(err)
+	}
+	await("NOAUTH on every call: /readyz 503 and rls_backend_up 0", func() bool {
+		return readyz() == http.StatusServiceUnavailable && metricValues(t, p.HTTPAddr)["rls_backend_up"] == "0"
+	})
+	if err := ask(-1); status.Code(err) != codes.Unavailable {
+		t.Errorf("a call while Redis refuses every call: %v, want UNAVAILABLE (--failure-mode error)", err)
+	}
+	if out := p.Output(); !strings.Contains(out, "backend unavailable; answering with the failure mode") {
+		t.Errorf("the refusal was not logged:\n%s", out)
+	}
+
+	if err := admin.ConfigSet(ctx, "requirepass", "").Err(); err != nil {
+		t.Fatal(err)
+	}
+	await("password removed: /readyz 200 and rls_backend_up 1", func() bool {
+		return readyz() == http.StatusOK && metricValues(t, p.HTTPAddr)["rls_backend_up"] == "1"
+	})
+	if err := ask(-2); err != nil {
+		t.Errorf("a call once Redis answers again: %v", err)
+	}
+	if out := p.Output(); !strings.Contains(out, "backend available again") {
+		t.Errorf("the recovery was not logged:\n%s", out)
 	}
 }

@@ -15,13 +15,29 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
-// runValidate loads rule files and reports every problem.
+// runValidate loads rule files and reports every problem. The path comes as an argument or as
+// --config, the flag serve reads it from.
 func runValidate(args []string, stdout, stderr io.Writer) error {
-	if len(args) != 1 || strings.HasPrefix(args[0], "-") {
-		fmt.Fprintln(stderr, "usage: rls validate PATH (a rule file or a directory of *.yaml/*.yml files)")
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	config := fs.String("config", "", "rule file or directory of *.yaml/*.yml rule files (or give it as the argument)")
+	usage := func() error {
+		fmt.Fprintln(stderr, "usage: rls validate PATH, or rls validate --config PATH (a rule file or a directory of *.yaml/*.yml files)")
 		return errUsage
 	}
-	rs, err := loadRules(args[0])
+	fs.Usage = func() { usage() }
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	path := *config
+	switch {
+	case path != "" && fs.NArg() == 0:
+	case path == "" && fs.NArg() == 1:
+		path = fs.Arg(0)
+	default:
+		return usage()
+	}
+	rs, err := loadRules(path)
 	if err != nil {
 		return err
 	}

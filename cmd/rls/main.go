@@ -2,7 +2,7 @@
 // envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit, decided with exact GCRA.
 //
 //	rls [flags]                 serve (see rls -h)
-//	rls validate PATH           check rule files; exit 1 with every error
+//	rls validate PATH           check rule files (or --config PATH); exit 1 with every error
 //	rls check [flags] k=v,...   ask a running server once and print the answer
 package main
 

@@ -10,7 +10,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
-	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracegrpc"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
@@ -24,10 +23,13 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 )
 
-// tracingSetup is the OpenTelemetry tracing in force; its zero value is tracing off.
+// tracingSetup is the OpenTelemetry tracing of one server; its zero value is tracing off. It is
+// handed to what needs it, never installed process-wide: no otel.SetTracerProvider,
+// SetTextMapPropagator or SetErrorHandler, so two servers in one process do not share tracing.
 type tracingSetup struct {
-	tracer   trace.Tracer // nil when off
-	provider *sdktrace.TracerProvider
+	tracer     trace.Tracer // nil when off
+	provider   *sdktrace.TracerProvider
+	propagator propagation.TextMapPropagator
 }
 
 // tracingEnabled reports whether the standard OTEL_* variables ask for trace export: an OTLP
@@ -77,7 +79,7 @@ func setupTracing(ctx context.Context, env []string, log *slog.Logger) (tracingS
 	default:
 		return tracingSetup{}, fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL %q: want grpc or http/protobuf", proto)
 	}
-	exp, err := otlptrace.New(ctx, client)
+	raw, err := otlptrace.New(ctx, client)
 	if err != nil {
 		return tracingSetup{}, fmt.Errorf("tracing: %w", err)
 	}
@@ -85,23 +87,39 @@ func setupTracing(ctx context.Context, env []string, log *slog.Logger) (tracingS
 	if vars["OTEL_SERVICE_NAME"] == "" {
 		attrs, _ = resource.Merge(attrs, resource.NewSchemaless(semconv.ServiceName("rls")))
 	}
+	// Export failures (a collector that cannot be reached fails every batch) are logged here,
+	// throttled; the exporter hands the SDK no error to pass to otel's process-wide handler.
+	exp := loggedExporter{SpanExporter: raw, report: throttledErrors(log, time.Minute)}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(attrs))
-	otel.SetTracerProvider(tp)
-	otel.SetErrorHandler(throttledErrors(log, time.Minute))
-	// Envoy's OpenTelemetry tracer sends W3C traceparent; rls continues that trace.
-	otel.SetTextMapPropagator(propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}))
 	log.Info("tracing on: exporting spans over OTLP", "protocol", cmpString(proto, "http/protobuf"))
-	return tracingSetup{tracer: tp.Tracer("github.com/rls-project/rls"), provider: tp}, nil
+	return tracingSetup{
+		tracer:   tp.Tracer("github.com/rls-project/rls"),
+		provider: tp,
+		// Envoy's OpenTelemetry tracer sends W3C traceparent; rls continues that trace.
+		propagator: propagation.NewCompositeTextMapPropagator(propagation.TraceContext{}, propagation.Baggage{}),
+	}, nil
 }
 
-// throttledErrors logs OpenTelemetry's errors (a collector that cannot be reached fails every
-// export) at most once per interval, with how many were not logged, instead of one log line per
-// failed batch on the standard logger.
-func throttledErrors(log *slog.Logger, every time.Duration) otel.ErrorHandler {
+// loggedExporter is an exporter whose failures are reported to report instead of returned.
+type loggedExporter struct {
+	sdktrace.SpanExporter
+	report func(error)
+}
+
+func (e loggedExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOnlySpan) error {
+	if err := e.SpanExporter.ExportSpans(ctx, spans); err != nil {
+		e.report(err)
+	}
+	return nil
+}
+
+// throttledErrors returns a function that logs export errors at most once per interval, with how
+// many were not logged, instead of one log line per failed batch.
+func throttledErrors(log *slog.Logger, every time.Duration) func(error) {
 	var mu sync.Mutex
 	var last time.Time
 	dropped := 0
-	return otel.ErrorHandlerFunc(func(err error) {
+	return func(err error) {
 		mu.Lock()
 		defer mu.Unlock()
 		if now := time.Now(); last.IsZero() || now.Sub(last) >= every {
@@ -110,7 +128,7 @@ func throttledErrors(log *slog.Logger, every time.Duration) otel.ErrorHandler {
 			return
 		}
 		dropped++
-	})
+	}
 }
 
 func cmpString(s, def string) string {
@@ -125,7 +143,8 @@ func (t tracingSetup) serverOptions() []grpc.ServerOption {
 	if t.provider == nil {
 		return nil
 	}
-	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(otelgrpc.WithTracerProvider(t.provider)))}
+	return []grpc.ServerOption{grpc.StatsHandler(otelgrpc.NewServerHandler(
+		otelgrpc.WithTracerProvider(t.provider), otelgrpc.WithPropagators(t.propagator)))}
 }
 
 // shutdown flushes spans not yet exported.
@@ -140,7 +159,7 @@ func (t tracingSetup) shutdown() {
 
 // registerBackendMetrics exposes what a backend reports about itself, when it does.
 func registerBackendMetrics(reg prometheus.Registerer, be backend.Backend) {
-	if h, ok := be.(interface{ Healthy() bool }); ok {
+	if h, ok := be.(backend.Health); ok {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rls_backend_up",
 			Help: "1 while the backend answers, 0 while it is unavailable (circuit open).",
@@ -151,10 +170,10 @@ func registerBackendMetrics(reg prometheus.Registerer, be backend.Backend) {
 			return 0
 		}))
 	}
-	if c, ok := be.(interface{ LocalCacheHits() uint64 }); ok {
+	if c, ok := be.(backend.CacheStats); ok {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rls_local_cache_hits_total",
 			Help: "Decisions answered from the local over-limit cache, without a backend round trip.",
-		}, func() float64 { return float64(c.LocalCacheHits()) }))
+		}, func() float64 { return float64(c.CacheHits()) }))
 	}
 }

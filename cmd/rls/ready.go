@@ -1,23 +1,27 @@
 package main
 
 import (
-	"context"
 	"io"
 	"log/slog"
 	"net/http"
 	"sync"
-	"time"
 
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/service"
 )
+
+// healthServices are the names gRPC health reports on.
+var healthServices = []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName}
 
 // readiness is what /readyz and gRPC health report. While the backend is unavailable rls is
 // ready only if its failure mode still answers (allow, deny or local): with failure mode error
 // every answer would be UNAVAILABLE, and saying so lets load balancers and Envoy's health checks
-// act on it.
+// act on it. It follows the backend's health as the backend reports its changes
+// (backend.Health); a backend without Health is always available.
 type readiness struct {
 	hs      *health.Server
 	failure service.FailureMode
@@ -27,6 +31,7 @@ type readiness struct {
 	started  bool
 	stopping bool
 	healthy  bool
+	heard    bool // a change arrived from the backend: newer than any seed
 }
 
 func newReadiness(hs *health.Server, failure service.FailureMode, log *slog.Logger) *readiness {
@@ -34,43 +39,55 @@ func newReadiness(hs *health.Server, failure service.FailureMode, log *slog.Logg
 	for _, name := range healthServices {
 		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
-	return &readiness{hs: hs, failure: failure, log: log}
+	return &readiness{hs: hs, failure: failure, log: log, healthy: true}
 }
 
-// start marks start-up complete with the backend's current health.
-func (r *readiness) start(healthy bool) {
+// follow makes r follow be's health until cancel is called. It subscribes before reading the
+// current health, so no change falls between the two.
+func (r *readiness) follow(be backend.Backend) (cancel func()) {
+	h, ok := be.(backend.Health)
+	if !ok {
+		return func() {}
+	}
+	cancel = h.SubscribeHealth(r.set)
+	healthy := h.Healthy()
+	r.mu.Lock()
+	if !r.heard {
+		r.healthy = healthy
+	}
+	r.mu.Unlock()
+	return cancel
+}
+
+// start marks start-up complete.
+func (r *readiness) start() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	r.started, r.healthy = true, healthy
-	if !healthy {
+	r.started = true
+	if !r.healthy {
 		r.log.Warn("backend unavailable at start", "failure_mode", r.failure.String())
 	}
 	r.publishLocked()
 }
 
-// watch polls the backend's health until ctx ends, logging each change once.
-func (r *readiness) watch(ctx context.Context, healthy func() bool, every time.Duration) {
-	t := time.NewTicker(every)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		h := healthy()
-		r.mu.Lock()
-		if h != r.healthy && !r.stopping {
-			r.healthy = h
-			if h {
-				r.log.Info("backend available again; deciding with it")
-			} else {
-				r.log.Warn("backend unavailable; answering with the failure mode", "failure_mode", r.failure.String())
-			}
-			r.publishLocked()
-		}
-		r.mu.Unlock()
+// set records a change of the backend's health, logging it once.
+func (r *readiness) set(healthy bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.heard = true
+	if healthy == r.healthy || r.stopping {
+		return
 	}
+	r.healthy = healthy
+	if !r.started {
+		return // start reports it
+	}
+	if healthy {
+		r.log.Info("backend available again; deciding with it")
+	} else {
+		r.log.Warn("backend unavailable; answering with the failure mode", "failure_mode", r.failure.String())
+	}
+	r.publishLocked()
 }
 
 // stop reports NOT_SERVING from now on (shutdown).

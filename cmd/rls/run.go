@@ -43,7 +43,7 @@ func run(ctx context.Context, args []string, env []string, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
-	return serve(ctx, cfg, stdout, stderr)
+	return serve(ctx, cfg, stderr)
 }
 
 // envName is the environment variable that sets flag name: --grpc-addr is RLS_GRPC_ADDR.

@@ -71,7 +71,7 @@ func TestRunConfigErrors(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			args := append([]string{"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0"}, tc.args...)
+			args := append([]string{"--http-addr", "127.0.0.1:0", "--grpc-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0"}, tc.args...)
 			// A case that wrongly starts serving ends with the deadline instead of hanging.
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			defer cancel()
@@ -88,7 +88,7 @@ func TestRunServesUntilCancelled(t *testing.T) {
 	var stderr bytes.Buffer
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0"}, nil, io.Discard, &syncWriter{w: &stderr})
+		done <- run(ctx, []string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0"}, nil, io.Discard, &syncWriter{w: &stderr})
 	}()
 	time.Sleep(300 * time.Millisecond)
 	cancel()
@@ -157,7 +157,7 @@ func TestTracingErrorsThrottled(t *testing.T) {
 	var buf bytes.Buffer
 	h := throttledErrors(slog.New(slog.NewTextHandler(&syncWriter{w: &buf}, nil)), time.Hour)
 	for range 100 {
-		h.Handle(errors.New("connection refused"))
+		h(errors.New("connection refused"))
 	}
 	if n := strings.Count(buf.String(), "tracing: export failed"); n != 1 {
 		t.Fatalf("100 export errors logged %d times within the interval, want 1:\n%s", n, buf.String())

@@ -9,31 +9,21 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
-	"net/http/pprof"
 	"os"
 	"strings"
 	"time"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/grpc-ecosystem/go-grpc-middleware/v2/interceptors/recovery"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
-	"github.com/rls-project/rls/internal/service"
 )
 
 // serveConfig is every serve flag.
@@ -41,6 +31,8 @@ type serveConfig struct {
 	config          string
 	grpcAddr        string
 	httpAddr        string
+	http            httpLimits
+	debugAddr       string
 	backend         string
 	memoryMaxKeys   int
 	logLevel        string
@@ -69,11 +61,13 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.config, "config", "", "rule file or directory of *.yaml/*.yml rule files (default: the embedded example rules)")
 	fs.StringVar(&c.grpcAddr, "grpc-addr", ":8081", "gRPC listen address (RateLimitService, health, reflection)")
-	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "HTTP listen address (/healthz, /readyz, POST /json); keep it off the public network")
+	fs.StringVar(&c.httpAddr, "http-addr", ":8080", "HTTP listen address (/healthz, /readyz, /metrics, POST /json); keep it off the public network")
+	httpFlags(fs, &c.http)
+	fs.StringVar(&c.debugAddr, "debug-addr", "127.0.0.1:6070", "debug HTTP listen address (/debug/rules, /debug/explain, and /debug/pprof/ with --debug); loopback by default since it shows every rule and any key's state; empty: no debug listener")
 	fs.StringVar(&c.backend, "backend", "memory", "where limit state lives: memory (this process only) or redis (shared by every replica)")
 	fs.StringVar(&c.failureMode, "failure-mode", "error", "answer when the backend fails, for rules without failure_mode: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow (OK), deny (OVER_LIMIT) or local (decide in this process's memory)")
 	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", 0.8, "an admitted decision that leaves at least this share of the burst used counts as near_limit in metrics (0 disables)")
-	fs.BoolVar(&c.debug, "debug", false, "serve Go's pprof under /debug/pprof/ on the HTTP listener")
+	fs.BoolVar(&c.debug, "debug", false, "serve Go's pprof under /debug/pprof/ on the debug listener (--debug-addr)")
 	fs.IntVar(&c.memoryMaxKeys, "memory-max-keys", 1_000_000, "memory backend: keys kept before the least recently used is forgotten")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
@@ -156,176 +150,6 @@ func grpcCredentials(c serveConfig) (grpc.ServerOption, error) {
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
 	}
 	return grpc.Creds(credentials.NewTLS(cfg)), nil
-}
-
-// healthServices are the names gRPC health reports on.
-var healthServices = []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName}
-
-func serve(ctx context.Context, c serveConfig, stdout, stderr io.Writer) error {
-	log, err := newLogger(c.logLevel, c.logFormat, stderr)
-	if err != nil {
-		return err
-	}
-	headers, err := service.ParseHeaderMode(c.responseHeaders)
-	if err != nil {
-		return fmt.Errorf("--response-headers: %w", err)
-	}
-	failure, err := service.ParseFailureMode(c.failureMode)
-	if err != nil {
-		return fmt.Errorf("--failure-mode: %w", err)
-	}
-	if c.nearLimitRatio < 0 || c.nearLimitRatio > 1 {
-		return fmt.Errorf("--near-limit-ratio %v: want a value in [0, 1]", c.nearLimitRatio)
-	}
-	rules, err := loadRules(c.config)
-	if err != nil {
-		return fmt.Errorf("loading rules: %w", err)
-	}
-	tracing, err := setupTracing(ctx, c.env, log)
-	if err != nil {
-		return err
-	}
-	defer tracing.shutdown()
-
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics, err := service.NewMetrics(reg, c.nearLimitRatio)
-	if err != nil {
-		return err
-	}
-	be, err := newBackend(ctx, c, log)
-	if err != nil {
-		return err
-	}
-	defer be.Close()
-	registerBackendMetrics(reg, be)
-	// The local fallback exists whatever the default, since any rule may ask for it.
-	local, err := backend.NewMemory(backend.MemoryOptions{MaxKeys: c.memoryMaxKeys})
-	if err != nil {
-		return err
-	}
-	svc, err := service.New(rules, service.Options{
-		Backend: be, Logger: log, Headers: headers, FailureMode: failure, Local: local,
-		Metrics: metrics, Tracer: tracing.tracer,
-	})
-	if err != nil {
-		return err
-	}
-
-	// apply swaps in a freshly loaded rule set, whole or not at all.
-	apply := func() error {
-		rs, err := loadRules(c.config)
-		if err != nil {
-			svc.RulesRejected()
-			log.Error("rules rejected; the running rules stay in force", "rules", rulesSource(c.config), "err", err)
-			return err
-		}
-		svc.SetRules(rs)
-		// A cached denial was computed under the old limits; state itself is clamped per key.
-		if p, ok := be.(interface{ PurgeLocalCache() }); ok {
-			p.PurgeLocalCache()
-		}
-		gen, _ := svc.Generation()
-		log.Info("rules loaded", "rules", rulesSource(c.config), "generation", gen, "domains", len(rs.Domains), "files", len(rs.Files))
-		return nil
-	}
-	// The watcher outlives SIGTERM (which ends ctx) until serve returns: a SIGHUP during the
-	// drain must still reload, not kill the process with the signal's default action.
-	rctx, stopReload := context.WithCancel(context.WithoutCancel(ctx))
-	defer stopReload()
-	if err := startReload(rctx, c.reload, c.config, apply, log); err != nil {
-		return err
-	}
-
-	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
-		grpcprom.WithHistogramBuckets([]float64{.0001, .00025, .0005, .001, .0025, .005, .01, .02, .05, .1, .5})))
-	reg.MustRegister(grpcMetrics)
-	extra := tracing.serverOptions()
-	gs, err := newGRPCServer(c, log, []grpc.UnaryServerInterceptor{grpcMetrics.UnaryServerInterceptor()}, extra...)
-	if err != nil {
-		return err
-	}
-	rlsv3.RegisterRateLimitServiceServer(gs, svc)
-	hs := health.NewServer()
-	draining := make(chan struct{})
-	healthpb.RegisterHealthServer(gs, drainingHealth{Server: hs, draining: draining})
-	if c.reflection {
-		reflection.Register(gs)
-	}
-	grpcMetrics.InitializeMetrics(gs)
-	st := newReadiness(hs, failure, log)
-
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	mux.Handle("GET /readyz", st)
-	mux.Handle("/json", svc.JSONHandler())
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	mux.Handle("GET /debug/rules", svc.RulesHandler())
-	mux.Handle("/debug/explain", svc.ExplainHandler())
-	if c.debug {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
-	hsrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-
-	var lc net.ListenConfig
-	gl, err := lc.Listen(ctx, "tcp", c.grpcAddr)
-	if err != nil {
-		return fmt.Errorf("--grpc-addr: %w", err)
-	}
-	hl, err := lc.Listen(ctx, "tcp", c.httpAddr)
-	if err != nil {
-		gl.Close()
-		return fmt.Errorf("--http-addr: %w", err)
-	}
-	errc := make(chan error, 2)
-	go func() { errc <- gs.Serve(gl) }()
-	go func() { errc <- hsrv.Serve(hl) }()
-
-	healthy := func() bool { return true }
-	if h, ok := be.(interface{ Healthy() bool }); ok {
-		healthy = h.Healthy
-	}
-	st.start(healthy())
-	watchCtx, stopWatch := context.WithCancel(ctx)
-	defer stopWatch()
-	go st.watch(watchCtx, healthy, 250*time.Millisecond)
-	log.Info("rls serving", "grpc", gl.Addr().String(), "http", hl.Addr().String(), "backend", c.backend,
-		"failure_mode", failure.String(), "rules", rulesSource(c.config), "domains", len(rules.Domains),
-		"tls", c.tlsCert != "", "tracing", tracing.tracer != nil, "debug", c.debug)
-
-	var serveErr error
-	select {
-	case <-ctx.Done():
-	case serveErr = <-errc:
-	}
-	// Health flips first, so load balancers and Envoy's health checks stop sending; then drain.
-	stopWatch()
-	st.stop()
-	log.Info("shutting down", "delay", c.shutdownDelay, "timeout", c.shutdownTimeout)
-	if serveErr == nil && c.shutdownDelay > 0 {
-		time.Sleep(c.shutdownDelay)
-	}
-	close(draining)
-	stopped := make(chan struct{})
-	go func() { gs.GracefulStop(); close(stopped) }()
-	sctx, cancel := context.WithTimeout(context.Background(), c.shutdownTimeout)
-	defer cancel()
-	select {
-	case <-stopped:
-	case <-sctx.Done():
-		log.Warn("in-flight calls did not finish in time; closing", "timeout", c.shutdownTimeout)
-		gs.Stop()
-	}
-	_ = hsrv.Shutdown(sctx)
-	if serveErr != nil && !errors.Is(serveErr, http.ErrServerClosed) && !errors.Is(serveErr, grpc.ErrServerStopped) {
-		return serveErr
-	}
-	log.Info("stopped")
-	return nil
 }
 
 // newGRPCServer returns the gRPC server with the settings Envoy needs: keepalive pings accepted

@@ -1,5 +1,5 @@
 // Package redistest starts redis-server processes for tests that must kill and restart Redis
-// themselves; the shared Redis and Cluster come from scripts/test.
+// themselves, and hands out the shared Redis and Cluster that scripts/test starts.
 package redistest
 
 import (
@@ -13,6 +13,25 @@ import (
 	"testing"
 	"time"
 )
+
+// The environment variables scripts/test sets to the Redis it started for the whole run.
+const (
+	SingleEnv  = "RLS_TEST_REDIS_URL"         // redis://host:port
+	ClusterEnv = "RLS_TEST_REDIS_CLUSTER_URL" // redis-cluster://host:port,host:port,host:port
+)
+
+// URL returns the Redis URL in the environment variable env (SingleEnv or ClusterEnv), failing
+// the test, with how to set it, when it is missing.
+func URL(t testing.TB, env string) string {
+	t.Helper()
+	u := os.Getenv(env)
+	if u == "" {
+		t.Fatalf("%s is not set: run the tests with scripts/test, which starts a single Redis and a Redis Cluster "+
+			"(or start them yourself and set %s=redis://127.0.0.1:6379 and "+
+			"%s=redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002)", env, SingleEnv, ClusterEnv)
+	}
+	return u
+}
 
 // FreePort returns a loopback TCP port that was free a moment ago.
 func FreePort(t testing.TB) int {

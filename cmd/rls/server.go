@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/service"
+)
+
+// serve runs one server until ctx ends (SIGTERM, SIGINT) or a listener fails, then shuts it
+// down: build, run, shut down.
+func serve(ctx context.Context, c serveConfig, stderr io.Writer) error {
+	s, err := newServer(ctx, c, stderr)
+	if err != nil {
+		return err
+	}
+	return s.shutdown(s.run(ctx))
+}
+
+// server is one rls instance. newServer builds it whole (rules loaded, backend connected,
+// listeners bound) without answering anything yet; run serves; shutdown stops it in the order
+// load balancers need. Everything it uses is its own: logger, metrics registry, tracer
+// provider. The process-wide state it touches is the SIGHUP handler and go-redis's logger.
+type server struct {
+	cfg     serveConfig
+	log     *slog.Logger
+	tracing tracingSetup
+	rules   *descriptors.RuleSet // as loaded at start
+	failure service.FailureMode
+	be      backend.Backend
+	local   backend.Backend
+	svc     *service.Service
+
+	grpc     *grpc.Server
+	ready    *readiness
+	draining chan struct{} // closed when the gRPC drain begins: ends health watches
+	http     *http.Server
+	debug    *http.Server // nil without --debug-addr
+
+	grpcL, httpL, debugL net.Listener
+
+	errc       chan error // one per listener: why its Serve returned
+	stopReload context.CancelFunc
+	stopHealth func()
+}
+
+// newServer builds a server from c, logging to stderr. On error, what it had opened is closed.
+func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server, err error) {
+	s := &server{cfg: c, stopReload: func() {}, stopHealth: func() {}}
+	defer func() {
+		if err != nil {
+			s.close()
+		}
+	}()
+	if s.log, err = newLogger(c.logLevel, c.logFormat, stderr); err != nil {
+		return nil, err
+	}
+	headers, err := service.ParseHeaderMode(c.responseHeaders)
+	if err != nil {
+		return nil, fmt.Errorf("--response-headers: %w", err)
+	}
+	if s.failure, err = service.ParseFailureMode(c.failureMode); err != nil {
+		return nil, fmt.Errorf("--failure-mode: %w", err)
+	}
+	if c.nearLimitRatio < 0 || c.nearLimitRatio > 1 {
+		return nil, fmt.Errorf("--near-limit-ratio %v: want a value in [0, 1]", c.nearLimitRatio)
+	}
+	if err := c.http.validate(); err != nil {
+		return nil, err
+	}
+	if c.debug && c.debugAddr == "" {
+		return nil, errors.New("--debug serves pprof on the debug listener: it needs --debug-addr")
+	}
+	if s.rules, err = loadRules(c.config); err != nil {
+		return nil, fmt.Errorf("loading rules: %w", err)
+	}
+	if s.tracing, err = setupTracing(ctx, c.env, s.log); err != nil {
+		return nil, err
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics, err := service.NewMetrics(reg, c.nearLimitRatio)
+	if err != nil {
+		return nil, err
+	}
+	if s.be, err = newBackend(ctx, c, s.log); err != nil {
+		return nil, err
+	}
+	registerBackendMetrics(reg, s.be)
+	// The local fallback exists whatever the default, since any rule may ask for it.
+	if s.local, err = backend.NewMemory(backend.MemoryOptions{MaxKeys: c.memoryMaxKeys}); err != nil {
+		return nil, err
+	}
+	s.svc, err = service.New(s.rules, service.Options{
+		Backend: s.be, Logger: s.log, Headers: headers, FailureMode: s.failure, Local: s.local,
+		Metrics: metrics, Tracer: s.tracing.tracer,
+	})
+	if err != nil {
+		return nil, err
+	}
+	// The watcher outlives SIGTERM (which ends ctx) until close: a SIGHUP during the drain must
+	// still reload, not kill the process with the signal's default action.
+	var rctx context.Context
+	rctx, s.stopReload = context.WithCancel(context.WithoutCancel(ctx))
+	if err := startReload(rctx, c.reload, c.config, s.applyRules, s.log); err != nil {
+		return nil, err
+	}
+
+	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
+		grpcprom.WithHistogramBuckets([]float64{.0001, .00025, .0005, .001, .0025, .005, .01, .02, .05, .1, .5})))
+	reg.MustRegister(grpcMetrics)
+	s.grpc, err = newGRPCServer(c, s.log, []grpc.UnaryServerInterceptor{grpcMetrics.UnaryServerInterceptor()}, s.tracing.serverOptions()...)
+	if err != nil {
+		return nil, err
+	}
+	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
+	hs := health.NewServer()
+	s.draining = make(chan struct{})
+	healthpb.RegisterHealthServer(s.grpc, drainingHealth{Server: hs, draining: s.draining})
+	if c.reflection {
+		reflection.Register(s.grpc)
+	}
+	grpcMetrics.InitializeMetrics(s.grpc)
+	s.ready = newReadiness(hs, s.failure, s.log)
+	s.stopHealth = sync.OnceFunc(s.ready.follow(s.be))
+
+	s.http = c.http.server(mainMux(s.svc, s.ready, reg))
+	if c.debugAddr != "" {
+		s.debug = c.http.debugServer(debugMux(s.svc, c.debug))
+	}
+
+	var lc net.ListenConfig
+	if s.grpcL, err = lc.Listen(ctx, "tcp", c.grpcAddr); err != nil {
+		return nil, fmt.Errorf("--grpc-addr: %w", err)
+	}
+	if s.httpL, err = lc.Listen(ctx, "tcp", c.httpAddr); err != nil {
+		return nil, fmt.Errorf("--http-addr: %w", err)
+	}
+	if s.debug != nil {
+		if s.debugL, err = lc.Listen(ctx, "tcp", c.debugAddr); err != nil {
+			return nil, fmt.Errorf("--debug-addr: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// applyRules swaps in a freshly loaded rule set, whole or not at all.
+func (s *server) applyRules() error {
+	rs, err := loadRules(s.cfg.config)
+	if err != nil {
+		s.svc.RulesRejected()
+		s.log.Error("rules rejected; the running rules stay in force", "rules", rulesSource(s.cfg.config), "err", err)
+		return err
+	}
+	s.svc.SetRules(rs)
+	// A cached denial was computed under the old limits; state itself is clamped per key.
+	if p, ok := s.be.(backend.CachePurger); ok {
+		p.PurgeCache()
+	}
+	gen, _ := s.svc.Generation()
+	s.log.Info("rules loaded", "rules", rulesSource(s.cfg.config), "generation", gen, "domains", len(rs.Domains), "files", len(rs.Files))
+	return nil
+}
+
+// run serves on every listener until ctx ends, which returns nil, or until one fails, which
+// returns its error. Readiness turns SERVING once every listener is serving.
+func (s *server) run(ctx context.Context) error {
+	s.errc = make(chan error, 3)
+	go func() { s.errc <- s.grpc.Serve(s.grpcL) }()
+	go func() { s.errc <- s.http.Serve(s.httpL) }()
+	if s.debug != nil {
+		go func() { s.errc <- s.debug.Serve(s.debugL) }()
+	}
+	s.ready.start()
+	attrs := []any{"grpc", s.grpcL.Addr().String(), "http", s.httpL.Addr().String()}
+	if s.debugL != nil {
+		attrs = append(attrs, "debug_http", s.debugL.Addr().String())
+	}
+	s.log.Info("rls serving", append(attrs, "backend", s.cfg.backend, "failure_mode", s.failure.String(),
+		"rules", rulesSource(s.cfg.config), "domains", len(s.rules.Domains),
+		"tls", s.cfg.tlsCert != "", "tracing", s.tracing.tracer != nil, "pprof", s.cfg.debug)...)
+	select {
+	case <-ctx.Done():
+		return nil
+	case err := <-s.errc:
+		return fmt.Errorf("serving: %w", err)
+	}
+}
+
+// shutdown stops a server that run returned from, in order: health says NOT_SERVING at once (so
+// load balancers and Envoy's health checks stop sending), rls goes on answering for
+// --shutdown-delay (skipped when a listener failed), then drains gRPC (GOAWAY; in-flight calls get
+// --shutdown-timeout), then closes the rest. It returns serveErr.
+func (s *server) shutdown(serveErr error) error {
+	s.beginShutdown()
+	s.log.Info("shutting down", "delay", s.cfg.shutdownDelay, "timeout", s.cfg.shutdownTimeout)
+	if serveErr == nil && s.cfg.shutdownDelay > 0 {
+		time.Sleep(s.cfg.shutdownDelay)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.shutdownTimeout)
+	defer cancel()
+	s.drain(ctx)
+	s.close()
+	if serveErr != nil {
+		return serveErr
+	}
+	s.log.Info("stopped")
+	return nil
+}
+
+// beginShutdown reports NOT_SERVING from now on, over gRPC health and /readyz.
+func (s *server) beginShutdown() {
+	s.stopHealth()
+	s.ready.stop()
+}
+
+// drain stops the gRPC server gracefully: a GOAWAY on every connection, health watches ended,
+// in-flight calls let finish until ctx ends, then closed.
+func (s *server) drain(ctx context.Context) {
+	close(s.draining)
+	stopped := make(chan struct{})
+	go func() { s.grpc.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-ctx.Done():
+		s.log.Warn("in-flight calls did not finish in time; closing", "timeout", s.cfg.shutdownTimeout)
+		s.grpc.Stop()
+		<-stopped
+	}
+	// /readyz stays up (saying 503) through the drain; HTTP requests in flight get what is
+	// left of the timeout.
+	if s.http != nil {
+		_ = s.http.Shutdown(ctx)
+	}
+	if s.debug != nil {
+		_ = s.debug.Shutdown(ctx)
+	}
+}
+
+// close releases everything newServer opened; it is safe on a server built halfway.
+func (s *server) close() {
+	s.stopReload()
+	s.stopHealth()
+	for _, l := range []net.Listener{s.grpcL, s.httpL, s.debugL} {
+		if l != nil {
+			l.Close() // already closed when served; open when newServer failed after binding
+		}
+	}
+	if s.be != nil {
+		s.be.Close()
+	}
+	if s.local != nil {
+		s.local.Close()
+	}
+	s.tracing.shutdown()
+}

@@ -1,0 +1,472 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/service"
+)
+
+// testConfig is the serve configuration for args, on free loopback ports.
+func testConfig(t *testing.T, args ...string) serveConfig {
+	t.Helper()
+	c, err := parseServeFlags(append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0"}, args...), nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func httpGet(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+func grpcHealth(t *testing.T, conn *grpc.ClientConn) healthpb.HealthCheckResponse_ServingStatus {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(conn).Check(ctx, &healthpb.HealthCheckRequest{Service: rlsv3.RateLimitService_ServiceDesc.ServiceName})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetStatus()
+}
+
+func dial(t *testing.T, addr string) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// TestServerShutdownOrder walks a server through its shutdown phases one at a time: after
+// beginShutdown health says NOT_SERVING while calls, on old and new connections, are still
+// answered; after drain no new call is; close releases the ports.
+func TestServerShutdownOrder(t *testing.T) {
+	var logs bytes.Buffer
+	s, err := newServer(context.Background(), testConfig(t), &syncWriter{w: &logs})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	ran := make(chan error, 1)
+	go func() { ran <- s.run(ctx) }()
+	grpcAddr, httpAddr := s.grpcL.Addr().String(), s.httpL.Addr().String()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if code, _ := httpGet(t, "http://"+httpAddr+"/readyz"); code == 200 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("not ready after 10s")
+		}
+	}
+	req := &rlsv3.RateLimitRequest{Domain: "example", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "api_key", Value: "k"}}}}}
+	call := func(conn *grpc.ClientConn) error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, req)
+		return err
+	}
+	old := dial(t, grpcAddr)
+	if err := call(old); err != nil {
+		t.Fatal(err)
+	}
+	if st := grpcHealth(t, old); st != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("health before shutdown: %v", st)
+	}
+
+	cancel()
+	if err := <-ran; err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	s.beginShutdown()
+	if st := grpcHealth(t, old); st != healthpb.HealthCheckResponse_NOT_SERVING {
+		t.Errorf("health after beginShutdown: %v, want NOT_SERVING", st)
+	}
+	if code, body := httpGet(t, "http://"+httpAddr+"/readyz"); code != 503 || !strings.Contains(body, "shutting down") {
+		t.Errorf("/readyz after beginShutdown: %d %q", code, body)
+	}
+	if err := call(old); err != nil {
+		t.Errorf("a call on an open connection after beginShutdown: %v", err)
+	}
+	if err := call(dial(t, grpcAddr)); err != nil {
+		t.Errorf("a call on a new connection after beginShutdown: %v", err)
+	}
+
+	dctx, dcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer dcancel()
+	s.drain(dctx)
+	if c, err := net.DialTimeout("tcp", grpcAddr, time.Second); err == nil {
+		c.Close()
+		t.Errorf("the gRPC port still accepts connections after drain")
+	}
+	s.close()
+	for _, addr := range []string{grpcAddr, httpAddr} {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Errorf("%s not released after close: %v", addr, err)
+			continue
+		}
+		l.Close()
+	}
+	if strings.Contains(logs.String(), "did not finish in time") {
+		t.Errorf("drain forced calls closed:\n%s", logs.String())
+	}
+}
+
+// TestNewServerFailureReleasesPorts: a server that cannot be built whole (its debug port is
+// taken) fails naming the flag and leaves nothing bound.
+func TestNewServerFailureReleasesPorts(t *testing.T) {
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	grpcL, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	grpcAddr := grpcL.Addr().String()
+	grpcL.Close()
+	c := testConfig(t, "--grpc-addr", grpcAddr, "--debug-addr", busy.Addr().String())
+	if _, err := newServer(context.Background(), c, io.Discard); err == nil || !strings.Contains(err.Error(), "--debug-addr") {
+		t.Fatalf("got %v, want an error naming --debug-addr", err)
+	}
+	l, err := net.Listen("tcp", grpcAddr)
+	if err != nil {
+		t.Fatalf("the gRPC port is still bound after newServer failed: %v", err)
+	}
+	l.Close()
+}
+
+// TestNewServerLeavesProcessState: building a server, tracing on, sets neither the default
+// logger nor otel's global tracer provider or propagator.
+func TestNewServerLeavesProcessState(t *testing.T) {
+	logger, tp, prop := slog.Default(), otel.GetTracerProvider(), otel.GetTextMapPropagator()
+	c := testConfig(t, "--log-level", "debug")
+	// An endpoint that refuses connections: the exporter is built but never reaches it here.
+	c.env = []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1"}
+	s, err := newServer(context.Background(), c, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.close()
+	if s.tracing.provider == nil {
+		t.Fatal("tracing is off; the test wants it on")
+	}
+	if slog.Default() != logger {
+		t.Error("newServer replaced slog's default logger")
+	}
+	if otel.GetTracerProvider() != tp {
+		t.Error("newServer set otel's global tracer provider")
+	}
+	if otel.GetTextMapPropagator() != prop {
+		t.Error("newServer set otel's global propagator")
+	}
+}
+
+// healthyBackend is a memory backend that reports health changes pushed by the test, as a
+// backend with a store that can become unreachable does.
+type healthyBackend struct {
+	backend.Backend
+	mu      sync.Mutex
+	healthy bool
+	subs    map[int]func(bool)
+	next    int
+}
+
+var _ backend.Health = (*healthyBackend)(nil)
+
+func (b *healthyBackend) Healthy() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.healthy
+}
+
+func (b *healthyBackend) SubscribeHealth(f func(bool)) func() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	id := b.next
+	b.next++
+	b.subs[id] = f
+	return func() {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		delete(b.subs, id)
+	}
+}
+
+// set changes the health and tells the subscribers, in order, under the lock.
+func (b *healthyBackend) set(healthy bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.healthy = healthy
+	for _, f := range b.subs {
+		f(healthy)
+	}
+}
+
+func (b *healthyBackend) subscribers() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.subs)
+}
+
+func newHealthyBackend(t *testing.T, healthy bool) *healthyBackend {
+	t.Helper()
+	mem, err := backend.NewMemory(backend.MemoryOptions{MaxKeys: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &healthyBackend{Backend: mem, healthy: healthy, subs: map[int]func(bool){}}
+}
+
+// TestReadinessFollowsHealth: /readyz and gRPC health follow each change the backend reports,
+// logging each once; with a failure mode that still answers, rls stays ready, degraded.
+func TestReadinessFollowsHealth(t *testing.T) {
+	type step struct {
+		healthy  bool // pushed by the backend
+		wantCode int
+		wantBody string
+		wantGRPC healthpb.HealthCheckResponse_ServingStatus
+		wantLog  string
+	}
+	const serving, notServing = healthpb.HealthCheckResponse_SERVING, healthpb.HealthCheckResponse_NOT_SERVING
+	tests := []struct {
+		name    string
+		failure service.FailureMode
+		atStart bool
+		steps   []step
+	}{
+		{"failure mode error", service.FailError, true, []step{
+			{false, 503, "backend unavailable and failure mode is error", notServing, "backend unavailable; answering with the failure mode"},
+			{false, 503, "backend unavailable", notServing, ""},
+			{true, 200, "ready\n", serving, "backend available again"},
+		}},
+		{"failure mode allow", service.FailAllow, true, []step{
+			{false, 200, "ready, degraded", serving, "backend unavailable; answering with the failure mode"},
+			{true, 200, "ready\n", serving, "backend available again"},
+		}},
+		{"down at start", service.FailError, false, []step{
+			{true, 200, "ready\n", serving, "backend available again"},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs bytes.Buffer
+			log := slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))
+			be := newHealthyBackend(t, tc.atStart)
+			hs := health.NewServer()
+			r := newReadiness(hs, tc.failure, log)
+			cancel := r.follow(be)
+			r.start()
+			if !tc.atStart && !strings.Contains(logs.String(), "backend unavailable at start") {
+				t.Errorf("no log of the backend down at start:\n%s", logs.String())
+			}
+			for i, st := range tc.steps {
+				logs.Reset()
+				be.set(st.healthy)
+				if code, body := readyz(r); code != st.wantCode || !strings.Contains(body, st.wantBody) {
+					t.Errorf("step %d (healthy %v): /readyz %d %q, want %d %q", i, st.healthy, code, body, st.wantCode, st.wantBody)
+				}
+				for _, name := range healthServices {
+					resp, err := hs.Check(context.Background(), &healthpb.HealthCheckRequest{Service: name})
+					if err != nil || resp.GetStatus() != st.wantGRPC {
+						t.Errorf("step %d: gRPC health %q: %v %v, want %v", i, name, resp.GetStatus(), err, st.wantGRPC)
+					}
+				}
+				if got := logs.String(); st.wantLog == "" && got != "" || !strings.Contains(got, st.wantLog) {
+					t.Errorf("step %d: logged %q, want %q", i, got, st.wantLog)
+				}
+			}
+			cancel()
+			if n := be.subscribers(); n != 0 {
+				t.Errorf("%d subscriptions left after cancel", n)
+			}
+		})
+	}
+}
+
+// TestReadinessAlwaysHealthyWithoutHealth: a backend that cannot fail (memory) keeps rls ready.
+func TestReadinessAlwaysHealthyWithoutHealth(t *testing.T) {
+	mem, err := backend.NewMemory(backend.MemoryOptions{MaxKeys: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newReadiness(health.NewServer(), service.FailError, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer r.follow(mem)()
+	if code, body := readyz(r); code != 503 || !strings.Contains(body, "starting") {
+		t.Errorf("before start: %d %q", code, body)
+	}
+	r.start()
+	if code, body := readyz(r); code != 200 || body != "ready\n" {
+		t.Errorf("after start: %d %q", code, body)
+	}
+}
+
+// readyz serves one GET /readyz from h.
+func readyz(h http.Handler) (int, string) {
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/readyz", nil))
+	return w.Code, w.Body.String()
+}
+
+func TestHTTPLimits(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		want    httpLimits
+		wantErr string
+	}{
+		{"defaults", nil, httpLimits{5 * time.Second, 10 * time.Second, 30 * time.Second, 60 * time.Second, 64 << 10}, ""},
+		{"flags", []string{"--http-read-header-timeout", "1s", "--http-read-timeout", "2s", "--http-write-timeout", "3s",
+			"--http-idle-timeout", "4s", "--http-max-header-bytes", "1024"}, httpLimits{time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 1024}, ""},
+		{"zero read timeout", []string{"--http-read-timeout", "0s"}, httpLimits{}, "--http-read-timeout 0s: must be > 0"},
+		{"negative idle timeout", []string{"--http-idle-timeout", "-1s"}, httpLimits{}, "--http-idle-timeout -1s: must be > 0"},
+		{"zero header bytes", []string{"--http-max-header-bytes", "0"}, httpLimits{}, "--http-max-header-bytes 0: must be > 0"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parseServeFlags(tc.args, nil, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = c.http.validate()
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("err %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil || c.http != tc.want {
+				t.Fatalf("got %+v, %v; want %+v", c.http, err, tc.want)
+			}
+			s := c.http.server(http.NotFoundHandler())
+			if s.ReadHeaderTimeout != tc.want.readHeaderTimeout || s.ReadTimeout != tc.want.readTimeout ||
+				s.WriteTimeout != tc.want.writeTimeout || s.IdleTimeout != tc.want.idleTimeout || s.MaxHeaderBytes != tc.want.maxHeaderBytes {
+				t.Errorf("http.Server %+v does not carry %+v", s, tc.want)
+			}
+			if d := c.http.debugServer(http.NotFoundHandler()); d.WriteTimeout != 0 || d.ReadTimeout != tc.want.readTimeout {
+				t.Errorf("debug server: write timeout %v (want none, for profiles), read timeout %v", d.WriteTimeout, d.ReadTimeout)
+			}
+		})
+	}
+}
+
+// cachingBackend is a healthyBackend with a local cache: it counts purges and reports hits.
+type cachingBackend struct {
+	*healthyBackend
+	mu     sync.Mutex
+	purges int
+	hits   uint64
+}
+
+var (
+	_ backend.CachePurger = (*cachingBackend)(nil)
+	_ backend.CacheStats  = (*cachingBackend)(nil)
+)
+
+func (b *cachingBackend) PurgeCache() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.purges++
+}
+
+func (b *cachingBackend) CacheHits() uint64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.hits
+}
+
+// TestBackendCapabilities: a backend's optional capabilities are used through their named
+// interfaces: health and cache hits as metrics, the cache purged on every rule reload.
+func TestBackendCapabilities(t *testing.T) {
+	be := &cachingBackend{healthyBackend: newHealthyBackend(t, true), hits: 7}
+	reg := prometheus.NewRegistry()
+	registerBackendMetrics(reg, be)
+	gather := func() map[string]float64 {
+		t.Helper()
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]float64{}
+		for _, mf := range mfs {
+			m := mf.GetMetric()[0]
+			out[mf.GetName()] = m.GetGauge().GetValue() + m.GetCounter().GetValue()
+		}
+		return out
+	}
+	if got := gather(); got["rls_backend_up"] != 1 || got["rls_local_cache_hits_total"] != 7 {
+		t.Errorf("healthy: %v, want rls_backend_up 1 and rls_local_cache_hits_total 7", got)
+	}
+	be.set(false)
+	if got := gather(); got["rls_backend_up"] != 0 {
+		t.Errorf("unhealthy: %v, want rls_backend_up 0", got)
+	}
+
+	// Without the capabilities, neither metric exists.
+	mem, err := backend.NewMemory(backend.MemoryOptions{MaxKeys: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg = prometheus.NewRegistry()
+	registerBackendMetrics(reg, mem)
+	if got := gather(); len(got) != 0 {
+		t.Errorf("memory backend: metrics %v, want none", got)
+	}
+
+	// A reload purges the cache, once per rule set applied.
+	rules, err := loadRules("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	metrics, err := service.NewMetrics(prometheus.NewRegistry(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := service.New(rules, service.Options{Backend: be, Local: mem, Logger: log, Metrics: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &server{log: log, be: be, svc: svc}
+	for range 2 {
+		if err := s.applyRules(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if be.purges != 2 {
+		t.Errorf("2 reloads purged the cache %d times", be.purges)
+	}
+}

@@ -190,6 +190,7 @@ func TestJSONEndpoint(t *testing.T) {
 	post := func(method, body string) (int, string) {
 		t.Helper()
 		req, _ := http.NewRequest(method, "http://"+p.HTTPAddr+"/json", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)

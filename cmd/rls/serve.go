@@ -24,6 +24,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/service"
 )
 
 // serveConfig is every serve flag.
@@ -35,6 +36,7 @@ type serveConfig struct {
 	debugAddr       string
 	backend         string
 	memoryMaxKeys   int
+	memoryMaxBytes  int64
 	logLevel        string
 	logFormat       string
 	responseHeaders string
@@ -68,7 +70,9 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.StringVar(&c.failureMode, "failure-mode", "error", "answer when the backend fails, for rules without failure_mode: error (gRPC UNAVAILABLE: Envoy's failure_mode_deny decides), allow (OK), deny (OVER_LIMIT) or local (decide in this process's memory)")
 	fs.Float64Var(&c.nearLimitRatio, "near-limit-ratio", 0.8, "an admitted decision that leaves at least this share of the burst used counts as near_limit in metrics (0 disables)")
 	fs.BoolVar(&c.debug, "debug", false, "serve Go's pprof under /debug/pprof/ on the debug listener (--debug-addr)")
-	fs.IntVar(&c.memoryMaxKeys, "memory-max-keys", 1_000_000, "memory backend: keys kept before the least recently used is forgotten")
+	fs.Int64Var(&c.memoryMaxBytes, "memory-max-bytes", backend.DefaultMemoryMaxBytes,
+		"memory backend: bytes of state kept (each key counts its length plus its bookkeeping) before the least recently used key is forgotten")
+	fs.IntVar(&c.memoryMaxKeys, "memory-max-keys", 0, "memory backend: keys kept before the least recently used is forgotten, besides --memory-max-bytes (0: no bound on the count)")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
 	fs.StringVar(&c.responseHeaders, "response-headers", "none", "rate-limit headers rls adds: none (Envoy adds its own), draft (RateLimit, RateLimit-Policy) or legacy (RateLimit-Limit/-Remaining/-Reset)")
@@ -118,7 +122,7 @@ func loadRules(path string) (*descriptors.RuleSet, error) {
 func newBackend(ctx context.Context, c serveConfig, log *slog.Logger) (backend.Backend, error) {
 	switch c.backend {
 	case "memory":
-		return backend.NewMemory(backend.MemoryOptions{MaxKeys: c.memoryMaxKeys})
+		return backend.NewMemory(c.memoryOptions())
 	case "redis":
 		return newRedisBackend(ctx, c.redis, log)
 	}
@@ -165,6 +169,9 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 	opts := append([]grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.keepaliveMin, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(interceptors...),
+		// Decodes requests without protobuf's UTF-8 check, so that validation answers invalid
+		// UTF-8 InvalidArgument instead of the codec answering INTERNAL.
+		grpc.ForceServerCodecV2(service.Codec()),
 	}, extra...)
 	if c.maxConnAge > 0 {
 		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{
@@ -216,3 +223,8 @@ type watchStream struct {
 }
 
 func (s *watchStream) Context() context.Context { return s.ctx }
+
+// memoryOptions are the memory backend's options, for the backend and for failure mode local.
+func (c serveConfig) memoryOptions() backend.MemoryOptions {
+	return backend.MemoryOptions{MaxBytes: c.memoryMaxBytes, MaxKeys: c.memoryMaxKeys}
+}

@@ -107,7 +107,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	}
 	registerBackendMetrics(reg, s.be)
 	// The local fallback exists whatever the default, since any rule may ask for it.
-	if s.local, err = backend.NewMemory(backend.MemoryOptions{MaxKeys: c.memoryMaxKeys}); err != nil {
+	if s.local, err = backend.NewMemory(c.memoryOptions()); err != nil {
 		return nil, err
 	}
 	s.svc, err = service.New(s.rules, service.Options{

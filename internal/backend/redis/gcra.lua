@@ -253,7 +253,7 @@ local function store(key, s, existed, now)
   if fixed_now then
     ttl = ttl + 60000
   end
-  call("SET", key, pack("<dddd", s[1], s[2], s[3], s[4]), "PX", ttl)
+  call("PSETEX", key, ttl, pack("<dddd", s[1], s[2], s[3], s[4]))
 end
 
 local function clock(arg)

@@ -15,7 +15,7 @@ ARG TARGETOS TARGETARCH
 # same command and checks the result has no dynamic loader).
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
-    go build -trimpath -ldflags="-s -w" -o /out/rls ./cmd/rls
+    go build -trimpath -tags vtprotobuf -ldflags="-s -w" -o /out/rls ./cmd/rls
 
 FROM scratch
 # Roots for rediss:// (Redis over TLS); nothing else in the image reads them.

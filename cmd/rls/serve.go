@@ -37,6 +37,7 @@ type serveConfig struct {
 	backend         string
 	memoryMaxKeys   int
 	memoryMaxBytes  int64
+	detailedValues  int
 	logLevel        string
 	logFormat       string
 	responseHeaders string
@@ -73,6 +74,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.Int64Var(&c.memoryMaxBytes, "memory-max-bytes", backend.DefaultMemoryMaxBytes,
 		"memory backend: bytes of state kept (each key counts its length plus its bookkeeping) before the least recently used key is forgotten")
 	fs.IntVar(&c.memoryMaxKeys, "memory-max-keys", 0, "memory backend: keys kept before the least recently used is forgotten, besides --memory-max-bytes (0: no bound on the count)")
+	fs.IntVar(&c.detailedValues, "detailed-metric-values", 100, "distinct request values per detailed_metric rule kept as metric labels; the rest count under <rule>/_overflow_")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
 	fs.StringVar(&c.responseHeaders, "response-headers", "none", "rate-limit headers rls adds: none (Envoy adds its own), draft (RateLimit, RateLimit-Policy) or legacy (RateLimit-Limit/-Remaining/-Reset)")

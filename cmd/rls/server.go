@@ -112,7 +112,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	}
 	s.svc, err = service.New(s.rules, service.Options{
 		Backend: s.be, Logger: s.log, Headers: headers, FailureMode: s.failure, Local: s.local,
-		Metrics: metrics, Tracer: s.tracing.tracer,
+		Metrics: metrics, Tracer: s.tracing.tracer, DetailedMetricValues: c.detailedValues,
 	})
 	if err != nil {
 		return nil, err

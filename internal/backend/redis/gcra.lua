@@ -320,9 +320,43 @@ local function emit(p)
   out[nout] = p
 end
 
+-- single decides a batch of one key, KEYS[k0 + 1], as batch does, without its tables: most
+-- batches are one descriptor under one limit.
+local function single(k0, args, quota_refuse)
+  local key = KEYS[k0 + 1]
+  local rate, period, burst, cost, flags = unpack("<ddddd", args)
+  local L = limit_of(rate, period, burst)
+  local s = state(key)
+  local ns, ok, rem, retry, reset
+  if flags % 2 == 1 then
+    ns, ok, rem, retry, reset = refund(s, L, now, cost)
+  else
+    ns, ok, rem, retry, reset = decide(s, L, now, cost)
+  end
+  local charge = quota_refuse >= 0
+  if ok == 0 then
+    local mode = floor(flags / 2)
+    if mode == 0 or (mode == 2 and quota_refuse == 1) then
+      charge = false
+    end
+  end
+  if charge then
+    states[key] = ns
+  elseif ok == 1 then
+    -- Allowed in a refused batch: a check of the state the batch found.
+    local _
+    _, _, rem, _, reset = decide(s, L, now, 0)
+  end
+  emit(pack("<ddddd", charge and 1 or 0, ok, rem, retry, reset))
+  return 1
+end
+
 -- batch decides the batch of n keys from KEYS[k0 + 1] on, appending its reply to out.
 local function batch(k0, args, quota_refuse, multi)
   local n = #args / 40
+  if n == 1 and not multi then
+    return single(k0, args, quota_refuse)
+  end
   local cur, last, lim, res = {}, {}, {}, {}
   local enforce_denied, quota_denied = false, 0
   local pos = 1

@@ -15,29 +15,16 @@ import (
 	"github.com/rls-project/rls/internal/redistest"
 )
 
-// redisURL returns the URL in the environment variable name, which scripts/test sets after
-// starting Redis, and fails the test when it is missing.
-func redisURL(t testing.TB, name string) string {
-	t.Helper()
-	u := os.Getenv(name)
-	if u == "" {
-		t.Fatalf("%s is not set: run the tests with scripts/test, which starts a single Redis and a Redis Cluster "+
-			"(or start them yourself and set RLS_TEST_REDIS_URL=redis://127.0.0.1:6379 and "+
-			"RLS_TEST_REDIS_CLUSTER_URL=redis-cluster://127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002)", name)
-	}
-	return u
-}
-
 const (
-	singleEnv  = "RLS_TEST_REDIS_URL"
-	clusterEnv = "RLS_TEST_REDIS_CLUSTER_URL"
+	singleEnv  = redistest.SingleEnv
+	clusterEnv = redistest.ClusterEnv
 )
 
 // newTestBackend connects to the Redis in env with a timeout generous enough for the race
 // detector on a small machine; opts fields that are set are kept.
 func newTestBackend(t testing.TB, env string, opts Options) *Backend {
 	t.Helper()
-	target, err := ParseURL(redisURL(t, env))
+	target, err := ParseURL(redistest.URL(t, env))
 	if err != nil {
 		t.Fatal(err)
 	}

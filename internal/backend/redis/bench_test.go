@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -103,4 +104,66 @@ func BenchmarkDecideBatch(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkScript measures Redis's own time in the script (INFO commandstats usec) per
+// decision: a lone one-key call, and merged calls of one-key batches as coalescing sends them
+// under load. It resets the server's command statistics.
+func BenchmarkScript(b *testing.B) {
+	for _, n := range []int{1, 14, 64} {
+		b.Run(fmt.Sprintf("merged=%d", n), func(b *testing.B) {
+			be := newTestBackend(b, singleEnv, Options{})
+			ctx := context.Background()
+			l := backend.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
+			calls := make([]*call, n)
+			for i := range calls {
+				calls[i] = &call{}
+			}
+			if err := be.rdb.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			var decisions int64
+			for r := 0; b.Loop(); r++ {
+				for i, c := range calls {
+					c.reset()
+					req := backend.Request{Limit: l, Cost: 1}
+					c.add(fmt.Sprintf("%sk%d-%d", be.prefix, r%1000, i), &req)
+				}
+				args := decideArgs(script.Hash(), 0, calls[0])
+				if n > 1 {
+					args = mergedArgs(script.Hash(), 0, calls)
+				}
+				if err := be.rdb.Do(ctx, args...).Err(); err != nil {
+					b.Fatal(err)
+				}
+				decisions += int64(n)
+			}
+			b.ReportMetric(scriptUsec(b, be)/float64(decisions), "redis-µs/decision")
+		})
+	}
+}
+
+// scriptUsec returns the microseconds Redis spent in EVALSHA and EVAL since its statistics were
+// reset.
+func scriptUsec(b *testing.B, be *Backend) float64 {
+	info, err := be.rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for _, line := range strings.Split(info, "\n") {
+		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+			continue
+		}
+		for _, f := range strings.Split(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
+			if v, ok := strings.CutPrefix(f, "usec="); ok {
+				u, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					b.Fatal(err)
+				}
+				total += u
+			}
+		}
+	}
+	return total
 }

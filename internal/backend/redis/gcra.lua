@@ -320,6 +320,14 @@ local function emit(p)
   out[nout] = p
 end
 
+-- apply decides a request of cost under L on the state s, or refunds it when its flags say so.
+local function apply(s, L, cost, flags)
+  if flags % 2 == 1 then
+    return refund(s, L, now, cost)
+  end
+  return decide(s, L, now, cost)
+end
+
 -- single decides a batch of one key, KEYS[k0 + 1], as batch does, without its tables: most
 -- batches are one descriptor under one limit.
 local function single(k0, args, quota_refuse)
@@ -327,12 +335,7 @@ local function single(k0, args, quota_refuse)
   local rate, period, burst, cost, flags = unpack("<ddddd", args)
   local L = limit_of(rate, period, burst)
   local s = state(key)
-  local ns, ok, rem, retry, reset
-  if flags % 2 == 1 then
-    ns, ok, rem, retry, reset = refund(s, L, now, cost)
-  else
-    ns, ok, rem, retry, reset = decide(s, L, now, cost)
-  end
+  local ns, ok, rem, retry, reset = apply(s, L, cost, flags)
   local charge = quota_refuse >= 0
   if ok == 0 then
     local mode = floor(flags / 2)
@@ -370,12 +373,7 @@ local function batch(k0, args, quota_refuse, multi)
     if s == nil then
       s = state(key)
     end
-    local ns, ok, rem, retry, reset
-    if flags % 2 == 1 then
-      ns, ok, rem, retry, reset = refund(s, L, now, cost)
-    else
-      ns, ok, rem, retry, reset = decide(s, L, now, cost)
-    end
+    local ns, ok, rem, retry, reset = apply(s, L, cost, flags)
     cur[key] = ns
     last[key] = i
     if ok == 0 then

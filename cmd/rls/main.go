@@ -13,9 +13,12 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	goredis "github.com/redis/go-redis/v9"
 )
 
 func main() {
+	goredis.SetLogger(quietRedisLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/internal/backend"
 	redisbackend "github.com/rls-project/rls/internal/backend/redis"
@@ -56,13 +55,12 @@ func (rc *redisConfig) now() func() time.Time {
 	return func() time.Time { return time.Now().Add(off) }
 }
 
-// redisLogger sends go-redis's own messages (dial failures, pool events) to the log at Debug:
-// the backend reports availability once, at Warn, when its circuit breaker opens.
-type redisLogger struct{ log *slog.Logger }
+// quietRedisLogger drops go-redis's own messages (dial retries, pool events): the backend
+// reports each availability change once, with its cause. go-redis keeps one logger per
+// process, so main, which owns the process, installs it; run never touches it.
+type quietRedisLogger struct{}
 
-func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.DebugContext(ctx, fmt.Sprintf(format, v...), "component", "go-redis")
-}
+func (quietRedisLogger) Printf(context.Context, string, ...any) {}
 
 // newRedisBackend connects the Redis backend. Redis being down is not an error: the backend
 // starts unavailable (its failure mode applies) and recovers when Redis answers.
@@ -71,7 +69,6 @@ func newRedisBackend(ctx context.Context, rc *redisConfig, log *slog.Logger) (ba
 	if err != nil {
 		return nil, fmt.Errorf("--redis-url: %w", err)
 	}
-	goredis.SetLogger(redisLogger{log})
 	b, err := redisbackend.New(ctx, redisbackend.Options{
 		Target:         target,
 		PoolSize:       rc.poolSize,

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-
 	"github.com/rls-project/rls/internal/backend"
 	redisbackend "github.com/rls-project/rls/internal/backend/redis"
 )

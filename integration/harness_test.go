@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"runtime"
 	"strings"
 	"sync"
@@ -19,8 +20,6 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-
-	"github.com/rls-project/rls/internal/redistest"
 )
 
 var (
@@ -62,9 +61,6 @@ func rlsBinary(t testing.TB) string {
 	return binPath
 }
 
-// freePort returns a loopback TCP port that was free a moment ago.
-func freePort(t testing.TB) int { return redistest.FreePort(t) }
-
 // rlsProc is one running rls process.
 type rlsProc struct {
 	GRPCAddr  string
@@ -94,24 +90,21 @@ func (s *syncBuffer) String() string {
 }
 
 // startRLS starts the rls binary with args (plus --grpc-addr, --http-addr and --debug-addr on
-// free loopback ports unless args set them), waits until /readyz answers 200 and stops the
-// process when the test ends. env is added to the process environment.
+// loopback port 0 unless args set them, the ports rls then reports having bound), waits until
+// /readyz answers 200 and stops the process when the test ends. env is added to the process
+// environment. Port 0 leaves the choice to the kernel at bind time: a port picked free
+// beforehand may be taken by another test's server before rls binds it.
 func startRLS(t testing.TB, env []string, args ...string) *rlsProc {
 	t.Helper()
 	bin := rlsBinary(t)
 	p := &rlsProc{out: &syncBuffer{}, done: make(chan struct{})}
 	joined := strings.Join(args, " ")
-	if !strings.Contains(joined, "--grpc-addr") {
-		p.GRPCAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		args = append(args, "--grpc-addr", p.GRPCAddr)
-	}
-	if !strings.Contains(joined, "--http-addr") {
-		p.HTTPAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		args = append(args, "--http-addr", p.HTTPAddr)
-	}
-	if !strings.Contains(joined, "--debug-addr") {
-		p.DebugAddr = fmt.Sprintf("127.0.0.1:%d", freePort(t))
-		args = append(args, "--debug-addr", p.DebugAddr)
+	wanted := map[string]*string{}
+	for flag, addr := range map[string]*string{"--grpc-addr": &p.GRPCAddr, "--http-addr": &p.HTTPAddr, "--debug-addr": &p.DebugAddr} {
+		if !strings.Contains(joined, flag) {
+			args = append(args, flag, "127.0.0.1:0")
+			wanted[flag] = addr
+		}
 	}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), env...)
@@ -132,7 +125,10 @@ func startRLS(t testing.TB, env []string, args ...string) *rlsProc {
 			t.Fatalf("rls exited early: %v\n%s", p.exitErr, p.out.String())
 		default:
 		}
-		if p.HTTPAddr != "" {
+		if len(wanted) > 0 {
+			p.boundAddrs(wanted)
+		}
+		if p.HTTPAddr != "" && len(wanted) == 0 {
 			resp, err := http.Get("http://" + p.HTTPAddr + "/readyz")
 			if err == nil {
 				resp.Body.Close()
@@ -145,6 +141,26 @@ func startRLS(t testing.TB, env []string, args ...string) *rlsProc {
 			t.Fatalf("rls not ready after 30s\n%s", p.out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// servingAddr matches an address in rls's "rls serving" log line, text or JSON.
+var servingAddr = regexp.MustCompile(`"?(grpc|http|debug_http)"?[=:]"?(127\.0\.0\.1:[0-9]+)`)
+
+// boundAddrs fills the addresses wanted (by flag) from the "rls serving" line once it is out,
+// removing each it found.
+func (p *rlsProc) boundAddrs(wanted map[string]*string) {
+	for _, line := range strings.Split(p.out.String(), "\n") {
+		if !strings.Contains(line, "rls serving") {
+			continue
+		}
+		for _, m := range servingAddr.FindAllStringSubmatch(line, -1) {
+			flag := map[string]string{"grpc": "--grpc-addr", "http": "--http-addr", "debug_http": "--debug-addr"}[m[1]]
+			if addr, ok := wanted[flag]; ok {
+				*addr = m[2]
+				delete(wanted, flag)
+			}
+		}
 	}
 }
 

@@ -5,11 +5,13 @@ package redistest
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -61,8 +63,19 @@ func Start(t testing.TB) *Server {
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server is not installed: run the tests with scripts/test, which installs it (Debian: apt-get install -y redis-server)")
 	}
-	s := &Server{t: t, port: FreePort(t), dir: t.TempDir()}
-	s.Start()
+	s := &Server{t: t, dir: t.TempDir()}
+	// A port free a moment ago may be taken by another test's server before redis-server binds
+	// it; redis-server then exits, and another port is tried.
+	for attempt := 0; ; attempt++ {
+		s.port = FreePort(t)
+		if s.start() {
+			break
+		}
+		if attempt == 4 {
+			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+			t.Fatalf("redis-server did not start on 5 free ports:\n%s", log)
+		}
+	}
 	t.Cleanup(s.Kill)
 	return s
 }
@@ -73,8 +86,17 @@ func (s *Server) Addr() string { return "127.0.0.1:" + strconv.Itoa(s.port) }
 // URL is the redis:// URL of the server.
 func (s *Server) URL() string { return "redis://" + s.Addr() }
 
-// Start (re)starts the server and waits until it answers PING.
+// Start restarts the server on its port and waits until it answers.
 func (s *Server) Start() {
+	s.t.Helper()
+	if !s.start() {
+		log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
+		s.t.Fatalf("redis-server on %s did not start:\n%s", s.Addr(), log)
+	}
+}
+
+// start starts the server and waits until it answers as itself (its process id), or exits.
+func (s *Server) start() bool {
 	s.t.Helper()
 	s.cmd = exec.Command("redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(s.port), "--dir", s.dir,
 		"--save", "", "--appendonly", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
@@ -84,25 +106,50 @@ func (s *Server) Start() {
 	s.done = make(chan struct{})
 	go func(cmd *exec.Cmd, done chan struct{}) { cmd.Wait(); close(done) }(s.cmd, s.done)
 	deadline := time.Now().Add(10 * time.Second)
-	for !s.ping() {
+	for s.pid() != s.cmd.Process.Pid {
+		select {
+		case <-s.done:
+			return false
+		default:
+		}
 		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(s.dir, "redis.log"))
-			s.t.Fatalf("redis-server on %s did not start:\n%s", s.Addr(), log)
+			s.Kill()
+			return false
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	return true
 }
 
-func (s *Server) ping() bool {
+// pid returns the process id of the Redis answering on the server's port, or 0.
+func (s *Server) pid() int {
 	c, err := net.DialTimeout("tcp", s.Addr(), time.Second)
 	if err != nil {
-		return false
+		return 0
 	}
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(time.Second))
-	fmt.Fprint(c, "PING\r\n")
-	line, _ := bufio.NewReader(c).ReadString('\n')
-	return line == "+PONG\r\n"
+	fmt.Fprint(c, "INFO server\r\n")
+	r := bufio.NewReader(c)
+	header, err := r.ReadString('\n')
+	if err != nil || !strings.HasPrefix(header, "$") {
+		return 0
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(header[1:]))
+	if err != nil || n <= 0 {
+		return 0
+	}
+	body := make([]byte, n)
+	if _, err := io.ReadFull(r, body); err != nil {
+		return 0
+	}
+	for _, line := range strings.Split(string(body), "\r\n") {
+		if v, ok := strings.CutPrefix(line, "process_id:"); ok {
+			pid, _ := strconv.Atoi(v)
+			return pid
+		}
+	}
+	return 0
 }
 
 // Signal sends sig to the server (SIGSTOP and SIGCONT make it stall and resume).

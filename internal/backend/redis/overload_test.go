@@ -122,6 +122,16 @@ func TestOverloadKeepsBreakerClosed(t *testing.T) {
 	var firstOther atomic.Value
 	stop := time.Now().Add(2 * time.Second)
 	var wg sync.WaitGroup
+	// Work that competes for the one CPU, as a saturated process's other requests do.
+	for range 4 {
+		wg.Go(func() {
+			for time.Now().Before(stop) {
+				for i := 0; i < 1e5; i++ {
+					_ = strconv.Itoa(i)
+				}
+			}
+		})
+	}
 	for g := range 1000 {
 		wg.Go(func() {
 			out := make([]backend.Decision, 1)

@@ -88,15 +88,28 @@ func (c *call) replyBytes() int {
 func decideArgs(sha string, now int64, c *call) []any {
 	args := make([]any, 0, 3+len(c.keys)+5)
 	args = append(args, "evalsha", sha, len(c.keys))
-	for _, k := range c.keys {
-		args = append(args, k)
+	for i := range c.keys {
+		args = append(args, &c.keys[i])
 	}
 	multi := "0"
 	if c.multi {
 		multi = "1"
 	}
-	return append(args, opDecide, now, c.threshold, multi, c.vals)
+	return append(args, opDecide, now, c.threshold, multi, (*packed)(&c.vals))
 }
+
+// Arguments go to go-redis by pointer (*string, *packed): a pointer in an interface costs no
+// allocation, where a string or a slice would cost one each, per key. The call they point into
+// outlives the round trip.
+
+// packed is a call's packed values, written as one bulk string.
+type packed []byte
+
+// MarshalBinary implements encoding.BinaryMarshaler, which go-redis writes as a bulk string.
+func (p *packed) MarshalBinary() ([]byte, error) { return *p, nil }
+
+// String is what go-redis prints of the argument (in errors and logs).
+func (p *packed) String() string { return fmt.Sprintf("%x", []byte(*p)) }
 
 // mergedArgs returns the EVALSHA arguments of one script call that decides calls in order, as
 // they would be one after another. None of them may be multi.
@@ -108,13 +121,13 @@ func mergedArgs(sha string, now int64, calls []*call) []any {
 	args := make([]any, 0, 5+n+2*len(calls))
 	args = append(args, "evalsha", sha, n)
 	for _, c := range calls {
-		for _, k := range c.keys {
-			args = append(args, k)
+		for i := range c.keys {
+			args = append(args, &c.keys[i])
 		}
 	}
 	args = append(args, opMerged, now)
 	for _, c := range calls {
-		args = append(args, c.threshold, c.vals)
+		args = append(args, c.threshold, (*packed)(&c.vals))
 	}
 	return args
 }

@@ -32,19 +32,20 @@ func newDenials(size int) (*denials, error) {
 
 // lookup returns the decision for r at now when the cache knows it is denied. A refund, another
 // limit (rules changed) or a smaller cost (which may be admitted sooner) is not known.
-func (d *denials) lookup(r *backend.Request, now time.Time) (backend.Decision, bool) {
+// present says whether the cache holds an entry for the key at all.
+func (d *denials) lookup(r *backend.Request, now time.Time) (dec backend.Decision, ok, present bool) {
 	if r.Refund {
-		return backend.Decision{}, false
+		return backend.Decision{}, false, true // not looked up: may be held
 	}
-	e, ok := d.c.Get(r.Key)
-	if !ok || e.limit != r.Limit || r.Cost < e.cost || !now.Before(e.until) {
-		return backend.Decision{}, false
+	e, present := d.c.Get(r.Key)
+	if !present || e.limit != r.Limit || r.Cost < e.cost || !now.Before(e.until) {
+		return backend.Decision{}, false, present
 	}
 	return backend.Decision{
 		Remaining:  e.remaining,
 		RetryAfter: ceilMicro(e.until.Sub(now)),
 		ResetAfter: ceilMicro(max(e.reset.Sub(now), 0)),
-	}, true
+	}, true, true
 }
 
 // learn records what Redis answered for r, asked at sent.

@@ -51,7 +51,6 @@ type pending struct {
 	wake     chan struct{} // buffered 1: signalled when state becomes stateDone
 	timer    *time.Timer   // the caller's budget; stopped when idle
 	state    int
-	since    time.Time // when the sender took it
 	deadline time.Time // when its caller stops waiting
 }
 
@@ -82,13 +81,13 @@ const (
 )
 
 // do queues p's calls and waits until they are answered, budget has passed or done is closed.
-// For any result but replied, p now belongs to its sender (when in flight) or to nobody: the
-// caller must not reuse it. inFlight also returns when the sender took p.
-func (c *coalescer) do(p *pending, budget time.Duration, done <-chan struct{}) (waitResult, time.Time) {
+// For any result but replied and unsent, p may still belong to its sender: the caller must not
+// reuse it.
+func (c *coalescer) do(p *pending, budget time.Duration, done <-chan struct{}) waitResult {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return unsent, time.Time{}
+		return unsent
 	}
 	p.state = stateQueued
 	p.deadline = time.Now().Add(budget)
@@ -104,7 +103,7 @@ func (c *coalescer) do(p *pending, budget time.Duration, done <-chan struct{}) (
 	case <-p.wake:
 		p.timer.Stop()
 		p.state = stateIdle
-		return replied, time.Time{}
+		return replied
 	case <-p.timer.C:
 		res = inFlight
 	case <-done:
@@ -120,15 +119,15 @@ func (c *coalescer) do(p *pending, budget time.Duration, done <-chan struct{}) (
 		if res == inFlight {
 			res = unsent
 		}
-		return res, time.Time{}
+		return res
 	case stateSent:
 		p.state = stateAbandoned
-		return res, p.since
+		return res
 	}
 	// stateDone: the replies came in as time ran out.
 	<-p.wake
 	p.state = stateIdle
-	return replied, time.Time{}
+	return replied
 }
 
 func remove(q []*pending, p *pending) []*pending {
@@ -167,13 +166,12 @@ func (c *coalescer) run() {
 			runtime.Gosched()
 			c.mu.Lock()
 		}
-		now := time.Now()
 		batch, calls = batch[:0], calls[:0]
 		var deadline time.Time
 		k := 0
 		for k < len(c.queue) && (k == 0 || len(calls)+len(c.queue[k].calls) <= c.max) {
 			p := c.queue[k]
-			p.state, p.since = stateSent, now
+			p.state = stateSent
 			batch = append(batch, p)
 			calls = append(calls, p.calls...)
 			if p.deadline.After(deadline) {

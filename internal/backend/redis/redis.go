@@ -99,7 +99,6 @@ var (
 
 // Errors, each wrapping backend.ErrUnavailable.
 var (
-	errUnavailable = backend.ErrUnavailable
 	// errOpen is returned while the circuit breaker is open.
 	errOpen = fmt.Errorf("%w: redis: circuit breaker open", backend.ErrUnavailable)
 	// errShed is returned for a decision that ran out of its budget before Redis answered it.
@@ -283,10 +282,15 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 		return false, fmt.Errorf("redis backend: %d decisions for %d requests", len(out), len(reqs))
 	}
 	out = out[:len(reqs)]
-	sent := b.now()
-	if b.cache != nil && b.fromCache(reqs, out, sent) {
-		b.cacheHits.Add(1)
-		return settle(reqs, out), nil
+	var sent time.Time
+	cached := false // the cache may hold a denial of some key of the batch
+	if b.cache != nil {
+		sent = b.now()
+		var answered bool
+		if answered, cached = b.fromCache(reqs, out, sent); answered {
+			b.cacheHits.Add(1)
+			return settle(reqs, out), nil
+		}
 	}
 	j := b.jobs.Get().(*job)
 	if err := j.plan(b, reqs, out); err != nil {
@@ -306,18 +310,14 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 		b.jobs.Put(j)
 		return false, errShed
 	}
-	res, since := b.co.do(j.p, budget, ctx.Done())
-	switch res {
+	switch b.co.do(j.p, budget, ctx.Done()) {
 	case unsent:
 		b.jobs.Put(j)
 		return false, b.ranOut()
 	case inFlight:
-		// The job belongs to its sender now.
+		// The job may belong to its sender still: leave it.
 		return false, b.ranOut()
 	case canceled:
-		if since.IsZero() {
-			b.jobs.Put(j)
-		}
 		return false, fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
 	}
 	admitted, err := j.settleCalls(ctx, b, reqs, out)
@@ -327,7 +327,7 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 	}
 	if b.cache != nil {
 		for i := range reqs {
-			if reqs[i].Limit.Rate > 0 && !repeated(reqs, i) {
+			if reqs[i].Limit.Rate > 0 && !repeated(reqs, i) && (cached || !out[i].Allowed) {
 				b.cache.learn(&reqs[i], out[i], sent)
 			}
 		}
@@ -380,21 +380,25 @@ func (b *Backend) kickProbe() {
 	}()
 }
 
-// fromCache answers the batch when the cache knows every request of it is denied.
-func (b *Backend) fromCache(reqs []backend.Request, out []backend.Decision, now time.Time) bool {
+// fromCache answers the batch when the cache knows every request of it is denied. held
+// reports whether the cache may hold an entry for some key of the batch: an admitted decision
+// must then drop it (its remaining and reset are stale), and only then, so that the common
+// admitted decision on an uncached key does not take the cache's lock again.
+func (b *Backend) fromCache(reqs []backend.Request, out []backend.Decision, now time.Time) (answered, held bool) {
 	for i := range reqs {
 		r := &reqs[i]
 		if r.Limit.Rate == 0 {
 			out[i] = decideRateZero(r)
 			continue
 		}
-		d, ok := b.cache.lookup(r, now)
+		d, ok, present := b.cache.lookup(r, now)
 		if !ok {
-			return false
+			// Keys after this one were not looked up: they may be held.
+			return false, present || i < len(reqs)-1
 		}
 		out[i] = d
 	}
-	return true
+	return true, true
 }
 
 func repeated(reqs []backend.Request, i int) bool {

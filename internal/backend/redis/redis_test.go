@@ -891,3 +891,30 @@ func TestSlot(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalCacheDroppedWhenCharged: a cached denial is dropped once a smaller request on the
+// key is admitted, so the next denial reports what remains now, not what remained then.
+func TestLocalCacheDroppedWhenCharged(t *testing.T) {
+	b := newTestBackend(t, singleEnv, Options{LocalCacheSize: 10})
+	l := backend.Limit{Rate: 10, Period: time.Hour, Burst: 10}
+	decide := func(cost int64) backend.Decision {
+		t.Helper()
+		out := make([]backend.Decision, 1)
+		if _, err := b.Decide(context.Background(), []backend.Request{{Key: "k", Limit: l, Cost: cost}}, out); err != nil {
+			t.Fatal(err)
+		}
+		return out[0]
+	}
+	for _, step := range []struct {
+		cost      int64
+		allowed   bool
+		remaining int64
+	}{{8, true, 2}, {5, false, 2}, {1, true, 1}, {5, false, 1}} {
+		if d := decide(step.cost); d.Allowed != step.allowed || d.Remaining != step.remaining {
+			t.Fatalf("cost %d: %+v, want allowed=%v remaining %d", step.cost, d, step.allowed, step.remaining)
+		}
+	}
+	if h := b.CacheHits(); h != 0 {
+		t.Fatalf("%d answers from the cache, want 0 (the denial was dropped when the key was charged)", h)
+	}
+}

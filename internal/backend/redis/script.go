@@ -10,6 +10,8 @@ import (
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/internal/backend"
 )
 
 //go:embed gcra.lua
@@ -28,20 +30,21 @@ func (b *Backend) sendCalls(calls []*call, deadline time.Time) {
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	var cmds []*goredis.Cmd
-	var groups [][]*call // per command, the calls it carries
 	now := b.nowArg()
-	if b.cluster || len(calls) == 1 || !b.merge {
-		for i, c := range calls {
-			cmds = append(cmds, newScriptCmd(decideArgs(script.Hash(), now, c)))
-			groups = append(groups, calls[i:i+1])
-		}
-	} else {
+	merged := b.merge && !b.cluster && len(calls) > 1
+	if merged {
 		cmds = append(cmds, newScriptCmd(mergedArgs(script.Hash(), now, calls)))
-		groups = append(groups, calls)
+	} else {
+		for _, c := range calls {
+			cmds = append(cmds, newScriptCmd(decideArgs(script.Hash(), now, c)))
+		}
 	}
 	b.observe(b.exec(ctx, cmds), cmds)
 	for k, cmd := range cmds {
-		g := groups[k]
+		g := calls[k : k+1]
+		if merged {
+			g = calls
+		}
 		if err := cmd.Err(); err != nil {
 			for _, c := range g {
 				c.err = classify(err)
@@ -53,21 +56,15 @@ func (b *Backend) sendCalls(calls []*call, deadline time.Time) {
 		switch {
 		case !ok:
 			derr = fmt.Errorf("script reply: %T, want a string", cmd.Val())
-		case len(g) == 1 && !isMerged(cmd):
-			derr = decodeDecide(reply, g[0])
-		default:
+		case merged:
 			derr = decodeMerged(reply, g)
+		default:
+			derr = decodeDecide(reply, g[0])
 		}
 		for _, c := range g {
 			c.err = derr
 		}
 	}
-}
-
-func isMerged(cmd *goredis.Cmd) bool {
-	a := cmd.Args()
-	n, ok := a[2].(int)
-	return ok && len(a) > 3+n && a[3+n] == opMerged
 }
 
 func newScriptCmd(args []any) *goredis.Cmd {
@@ -216,10 +213,7 @@ type unavailableError struct {
 
 func (e *unavailableError) Error() string { return "redis " + e.kind }
 
-func (e *unavailableError) Unwrap() []error { return []error{errUnavailable, e.err} }
-
-// Detail returns the cause, for logs.
-func (e *unavailableError) Detail() string { return e.err.Error() }
+func (e *unavailableError) Unwrap() []error { return []error{backend.ErrUnavailable, e.err} }
 
 func kindOf(err error) string {
 	var ne net.Error

@@ -75,9 +75,16 @@ func TestBudget(t *testing.T) {
 		}
 	}
 	within(context.Background(), 50*time.Millisecond, 50*time.Millisecond)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond) // Envoy's default
+	// Envoy's default, 20ms: what is left less a tenth, whatever time passes before the call.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	within(ctx, 10*time.Millisecond, 18*time.Millisecond) // 20ms less a tenth, less time passed
+	d, _ := ctx.Deadline()
+	before := time.Until(d)
+	got := b.Budget(ctx)
+	after := time.Until(d)
+	if want := before - before/10; got > want || got < after-max(after/10, time.Millisecond) || got > 18*time.Millisecond {
+		t.Fatalf("budget %v with %v to %v left, want what is left less a tenth (at most 18ms)", got, before, after)
+	}
 	ctx, cancel = context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
 	within(ctx, 50*time.Millisecond, 50*time.Millisecond) // capped

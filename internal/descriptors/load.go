@@ -25,10 +25,27 @@ const (
 	MaxValueBytes = 4096
 )
 
+// Options changes how rule files are found and combined. The zero value is rls's own layout.
+type Options struct {
+	// AllFiles loads every regular file of a directory and of its subdirectories, whatever its
+	// name, as envoyproxy/ratelimit's runtime directory is read; otherwise only the directory's
+	// own *.yaml and *.yml files.
+	AllFiles bool
+	// DotFiles also loads files and directories whose names start with '.'. Leave it off for a
+	// Kubernetes ConfigMap mount, whose ..data entries hold a second copy of every file.
+	DotFiles bool
+	// MergeDomains merges files that define the same domain (their descriptors put together)
+	// instead of rejecting the second, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does.
+	MergeDomains bool
+}
+
 // Load loads a rule file, or every *.yaml and *.yml file of a directory (not recursing, skipping
 // names that start with '.', which covers Kubernetes ConfigMap mounts' ..data entries). Every
 // problem found is returned at once, joined, each naming its file and line.
-func Load(path string) (*RuleSet, error) {
+func Load(path string) (*RuleSet, error) { return LoadWith(path, Options{}) }
+
+// LoadWith is Load with opts.
+func LoadWith(path string, opts Options) (*RuleSet, error) {
 	info, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("descriptors: %w", err)
@@ -38,51 +55,92 @@ func Load(path string) (*RuleSet, error) {
 		if err != nil {
 			return nil, fmt.Errorf("descriptors: %w", err)
 		}
-		return Parse(map[string][]byte{path: data})
+		return ParseWith(map[string][]byte{path: data}, opts)
 	}
-	return LoadFS(os.DirFS(path), ".", path)
+	return loadFS(os.DirFS(path), ".", path, opts)
 }
 
 // LoadFS loads the rule files of directory dir of fsys; prefix is prepended to file names in
 // errors and in RuleSet.Files.
 func LoadFS(fsys fs.FS, dir, prefix string) (*RuleSet, error) {
-	entries, err := fs.ReadDir(fsys, dir)
-	if err != nil {
-		return nil, fmt.Errorf("descriptors: %w", err)
-	}
+	return loadFS(fsys, dir, prefix, Options{})
+}
+
+func loadFS(fsys fs.FS, dir, prefix string, opts Options) (*RuleSet, error) {
 	files := map[string][]byte{}
-	for _, e := range entries {
-		name := e.Name()
-		if strings.HasPrefix(name, ".") || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
-			continue
-		}
-		p := filepath.ToSlash(filepath.Join(dir, name))
-		if info, err := fs.Stat(fsys, p); err != nil || info.IsDir() { // follows symlinks
-			continue
-		}
-		data, err := fs.ReadFile(fsys, p)
+	root := filepath.ToSlash(filepath.Clean(dir))
+	var walk func(dir string, depth int) error
+	walk = func(dir string, depth int) error {
+		entries, err := fs.ReadDir(fsys, dir)
 		if err != nil {
-			return nil, fmt.Errorf("descriptors: %w", err)
+			return fmt.Errorf("descriptors: %w", err)
 		}
-		files[filepath.Join(prefix, name)] = data
+		for _, e := range entries {
+			name := e.Name()
+			if strings.HasPrefix(name, ".") && !opts.DotFiles {
+				continue
+			}
+			p := filepath.ToSlash(filepath.Join(dir, name))
+			info, err := fs.Stat(fsys, p) // follows symlinks
+			if err != nil {
+				continue
+			}
+			if info.IsDir() {
+				// Subdirectories only when loading every file, and not through a symlink
+				// (e.IsDir is false for one), which envoyproxy/ratelimit's runtime does not
+				// follow either.
+				if opts.AllFiles && e.IsDir() && depth < MaxDepth {
+					if err := walk(p, depth+1); err != nil {
+						return err
+					}
+				}
+				continue
+			}
+			if !opts.AllFiles && !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+				continue
+			}
+			data, err := fs.ReadFile(fsys, p)
+			if err != nil {
+				return fmt.Errorf("descriptors: %w", err)
+			}
+			rel := p
+			if root != "." {
+				rel = strings.TrimPrefix(p, root+"/")
+			}
+			files[filepath.Join(prefix, filepath.FromSlash(rel))] = data
+		}
+		return nil
+	}
+	if err := walk(dir, 0); err != nil {
+		return nil, err
 	}
 	if len(files) == 0 {
+		if opts.AllFiles {
+			return nil, fmt.Errorf("descriptors: %s: no rule files", prefix)
+		}
 		return nil, fmt.Errorf("descriptors: %s: no *.yaml or *.yml rule files", prefix)
 	}
-	return Parse(files)
+	return ParseWith(files, opts)
 }
 
 // Parse builds a RuleSet from rule files given as name → content.
-func Parse(files map[string][]byte) (*RuleSet, error) {
+func Parse(files map[string][]byte) (*RuleSet, error) { return ParseWith(files, Options{}) }
+
+// ParseWith is Parse with opts (only MergeDomains applies).
+func ParseWith(files map[string][]byte, opts Options) (*RuleSet, error) {
 	names := make([]string, 0, len(files))
 	for name := range files {
 		names = append(names, name)
 	}
 	slices.Sort(names)
 	b := &builder{rs: &RuleSet{domains: map[string]*level{}, Files: names}, domainFile: map[string]string{}}
+	if opts.MergeDomains {
+		b.merged = map[string]*mergedDomain{}
+	}
 	for _, name := range names {
 		b.file(name, files[name])
 	}
+	b.buildMerged()
 	if len(b.errs) > 0 {
 		return nil, errors.Join(b.errs...)
 	}
@@ -101,6 +159,20 @@ type builder struct {
 	visits, budget int
 	overBudget     bool
 	metadata       map[*yaml.Node]decodedMetadata // by mapping
+	// merged holds, with Options.MergeDomains, each domain's descriptors from every file that
+	// defines it, built once all files are read; nil otherwise.
+	merged map[string]*mergedDomain
+	order  []string // merged's domains in the order first seen
+	// itemFile names the file of each top-level descriptor of a merged domain.
+	itemFile map[*yaml.Node]string
+}
+
+// mergedDomain is one domain's top-level descriptors gathered from several files.
+type mergedDomain struct {
+	info  DomainInfo
+	items []*yaml.Node
+	files []string
+	size  int // bytes of its files, for the decoding budget
 }
 
 func (b *builder) errorf(line int, format string, args ...any) {
@@ -164,6 +236,10 @@ func (b *builder) file(name string, data []byte) {
 		return
 	}
 	here := fmt.Sprintf("%s:%d", name, lineOf(doc, "domain"))
+	if b.merged != nil {
+		b.mergeFile(name, len(data), list)
+		return
+	}
 	if prev, dup := b.domainFile[b.domain]; dup {
 		b.errorf(lineOf(doc, "domain"), "duplicate domain, first defined at %s", prev)
 		return
@@ -209,6 +285,9 @@ func (b *builder) level(list *yaml.Node, share []string, path string, info *Doma
 	for i, item := range seq.Content {
 		if !b.spend(item, 1) {
 			break
+		}
+		if f, ok := b.itemFile[item]; ok && path == "" {
+			b.name = f
 		}
 		n := deref(item)
 		if isNull(n) {
@@ -477,4 +556,48 @@ func lineOf(n *yaml.Node, key string) int {
 		}
 	}
 	return n.Line
+}
+
+// mergeFile gathers the top-level descriptors of the file being read into its domain's.
+func (b *builder) mergeFile(name string, size int, list *yaml.Node) {
+	md := b.merged[b.domain]
+	if md == nil {
+		md = &mergedDomain{info: DomainInfo{Name: b.domain, File: name}}
+		b.merged[b.domain] = md
+		b.order = append(b.order, b.domain)
+	}
+	md.files = append(md.files, name)
+	md.size += size
+	if isNull(list) {
+		return
+	}
+	seq := deref(list)
+	if seq.Kind != yaml.SequenceNode {
+		b.errorf(list.Line, "descriptors at the top level must be a list, not %s", kindOf(seq))
+		return
+	}
+	if b.itemFile == nil {
+		b.itemFile = map[*yaml.Node]string{}
+	}
+	for _, item := range seq.Content {
+		b.itemFile[item] = name
+		md.items = append(md.items, item)
+	}
+}
+
+// buildMerged builds the domains gathered by mergeFile, each from its files' descriptors
+// together: a descriptor defined in two of them is a duplicate, reported where it appears.
+func (b *builder) buildMerged() {
+	for _, domain := range b.order {
+		md := b.merged[domain]
+		b.name, b.domain = md.files[0], domain
+		b.visits, b.budget, b.overBudget, b.metadata = 0, md.size+10000*len(md.files), false, nil
+		info := md.info
+		list := &yaml.Node{Kind: yaml.SequenceNode, Content: md.items, Line: 1}
+		if len(md.items) == 0 {
+			list = &yaml.Node{Kind: yaml.ScalarNode, Tag: "!!null"}
+		}
+		b.rs.domains[domain] = b.level(list, nil, "", &info)
+		b.rs.Domains = append(b.rs.Domains, info)
+	}
 }

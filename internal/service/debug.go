@@ -59,6 +59,10 @@ func writeJSON(w http.ResponseWriter, code int, v any) {
 func (s *Service) RulesHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		rs := s.Rules()
+		if rs == nil {
+			http.Error(w, "no rules loaded yet", http.StatusServiceUnavailable)
+			return
+		}
 		gen, at := s.Generation()
 		type domainJSON struct {
 			Name  string      `json:"name"`
@@ -110,6 +114,10 @@ func (s *Service) ExplainHandler() http.Handler {
 		}
 		if err := validate(req); err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if s.Rules() == nil {
+			http.Error(w, "no rules loaded yet", http.StatusServiceUnavailable)
 			return
 		}
 		writeJSON(w, http.StatusOK, s.explain(r, req))

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"cmp"
 	"fmt"
 	"strconv"
 	"strings"
@@ -83,8 +84,23 @@ func unitSeconds(u rlsv3.RateLimitResponse_RateLimit_Unit) int64 {
 
 func header(k, v string) *corev3.HeaderValue { return &corev3.HeaderValue{Key: k, Value: v} }
 
-// build returns the headers for statuses; only statuses with a current limit count.
-func (m HeaderMode) build(statuses []*rlsv3.RateLimitResponse_DescriptorStatus) []*corev3.HeaderValue {
+// LegacyHeaderNames names the three headers of HeadersLegacy; an empty name keeps its default.
+type LegacyHeaderNames struct {
+	Limit, Remaining, Reset string
+}
+
+// withDefaults fills empty names with RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset.
+func (n LegacyHeaderNames) withDefaults() LegacyHeaderNames {
+	return LegacyHeaderNames{
+		Limit:     cmp.Or(n.Limit, "RateLimit-Limit"),
+		Remaining: cmp.Or(n.Remaining, "RateLimit-Remaining"),
+		Reset:     cmp.Or(n.Reset, "RateLimit-Reset"),
+	}
+}
+
+// build returns the headers for statuses; only statuses with a current limit count. names are
+// HeadersLegacy's header names, defaults filled in.
+func (m HeaderMode) build(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, names LegacyHeaderNames) []*corev3.HeaderValue {
 	var hs []*corev3.HeaderValue
 	minIdx := -1
 	var retry time.Duration
@@ -134,9 +150,9 @@ func (m HeaderMode) build(statuses []*rlsv3.RateLimitResponse_DescriptorStatus) 
 			}
 		}
 		hs = append(hs,
-			header("RateLimit-Limit", limit.String()),
-			header("RateLimit-Remaining", strconv.FormatUint(uint64(st.GetLimitRemaining()), 10)),
-			header("RateLimit-Reset", strconv.FormatInt(ceilSeconds(st.GetDurationUntilReset().AsDuration()), 10)))
+			header(names.Limit, limit.String()),
+			header(names.Remaining, strconv.FormatUint(uint64(st.GetLimitRemaining()), 10)),
+			header(names.Reset, strconv.FormatInt(ceilSeconds(st.GetDurationUntilReset().AsDuration()), 10)))
 	}
 	if denied {
 		hs = append(hs, header("Retry-After", strconv.FormatInt(max(ceilSeconds(retry), 1), 10)))

@@ -61,6 +61,11 @@ type Options struct {
 	// series per outcome: keep it small. Values past the cap count under the rule's path with
 	// "/_overflow_", and the first overflow of each rule logs a warning.
 	DetailedMetricValues int
+	// LegacyHeaderNames renames the headers of HeadersLegacy.
+	LegacyHeaderNames LegacyHeaderNames
+	// ShadowMode and QuotaMode put every rule in shadow mode or quota mode, as if each had
+	// shadow_mode: true or quota_mode: true.
+	ShadowMode, QuotaMode bool
 }
 
 // DefaultDetailedMetricValues is the default of Options.DetailedMetricValues.
@@ -81,6 +86,9 @@ type Service struct {
 	tracer       trace.Tracer
 	pool         sync.Pool // *work
 	detailedMax  int
+	headerNames  LegacyHeaderNames
+	shadowAll    bool     // every rule in shadow mode
+	quotaAll     bool     // every rule in quota mode
 	errLog       errorLog // backend errors other than unavailability
 
 	mu         sync.Mutex // serializes SetRules
@@ -90,7 +98,8 @@ type Service struct {
 
 var _ rlsv3.RateLimitServiceServer = (*Service)(nil)
 
-// New returns a Service deciding with rules and opts.Backend.
+// New returns a Service deciding with rules and opts.Backend. With rules nil there are no rules
+// yet: ShouldRateLimit answers UNAVAILABLE until the first SetRules.
 func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 	if opts.Backend == nil {
 		return nil, errors.New("service: no backend")
@@ -101,17 +110,17 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 	if opts.FailureMode == FailLocal && opts.Local == nil {
 		return nil, errors.New("service: failure mode local needs a local backend")
 	}
-	if rules == nil {
-		return nil, errors.New("service: no rules")
-	}
 	if opts.DetailedMetricValues < 0 {
 		return nil, errors.New("service: DetailedMetricValues must be ≥ 0")
 	}
 	s := &Service{backend: opts.Backend, log: opts.Logger, headers: opts.Headers, failure: opts.FailureMode,
 		localBackend: opts.Local, metrics: opts.Metrics, tracer: opts.Tracer,
-		detailedMax: cmp.Or(opts.DetailedMetricValues, DefaultDetailedMetricValues)}
+		detailedMax: cmp.Or(opts.DetailedMetricValues, DefaultDetailedMetricValues),
+		headerNames: opts.LegacyHeaderNames.withDefaults(), shadowAll: opts.ShadowMode, quotaAll: opts.QuotaMode}
 	s.pool.New = func() any { return new(work) }
-	s.SetRules(rules)
+	if rules != nil {
+		s.SetRules(rules)
+	}
 	return s, nil
 }
 
@@ -186,9 +195,13 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if err := validate(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	rs := s.rules.Load()
+	if rs == nil {
+		return nil, status.Error(codes.Unavailable, "no rules loaded yet")
+	}
 	w := s.pool.Get().(*work)
 	defer s.pool.Put(w)
-	s.translate(s.rules.Load(), req, w, false)
+	s.translate(rs, req, w, false)
 	admitted := true
 	if len(w.items) > 0 {
 		var err error
@@ -250,9 +263,9 @@ func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest
 		if r := ds.rule; r != nil {
 			share = r.Share
 			switch {
-			case r.ShadowMode:
+			case r.ShadowMode || s.shadowAll:
 				mode = backend.Shadow
-			case r.QuotaMode:
+			case r.QuotaMode || s.quotaAll:
 				mode = backend.Quota
 			}
 		}
@@ -409,7 +422,7 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 			}
 		}
 		st.DurationUntilReset = durationpb.New(wait)
-		if r != nil && r.QuotaMode {
+		if r != nil && (r.QuotaMode || s.quotaAll) {
 			quotaSeen = true
 			if !d.Allowed {
 				quotaViolations = append(quotaViolations, float64(i))
@@ -439,7 +452,7 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 		}
 	}
 	if s.headers != HeadersNone {
-		resp.ResponseHeadersToAdd = s.headers.build(resp.Statuses)
+		resp.ResponseHeadersToAdd = s.headers.build(resp.Statuses, s.headerNames)
 	}
 	return resp
 }

@@ -1,0 +1,103 @@
+package descriptors
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+func writeTree(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir := t.TempDir()
+	for name, content := range files {
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
+const (
+	ruleA = "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: 1}\n"
+	ruleB = "domain: b\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 2}\n"
+	ruleC = "domain: c\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"
+)
+
+func domainNames(rs *RuleSet) string {
+	var names []string
+	for _, d := range rs.Domains {
+		names = append(names, d.Name)
+	}
+	return strings.Join(names, ",")
+}
+
+func TestLoadWithFiles(t *testing.T) {
+	dir := writeTree(t, map[string]string{
+		"a.yaml":         ruleA,
+		"sub/b.conf":     ruleB,
+		".hidden/c.yaml": ruleC,
+		"notes.txt":      "domain: n\ndescriptors: []\n",
+	})
+	for _, tc := range []struct {
+		name string
+		opts Options
+		want string
+	}{
+		{"rls layout: top-level yaml only", Options{}, "a"},
+		{"every file, no dot files", Options{AllFiles: true}, "a,b,n"},
+		{"every file and dot files", Options{AllFiles: true, DotFiles: true}, "a,b,c,n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rs, err := LoadWith(dir, tc.opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := domainNames(rs); got != tc.want {
+				t.Errorf("domains %s, want %s (files %v)", got, tc.want, rs.Files)
+			}
+		})
+	}
+	// A subdirectory's file is named by its path under the directory, in errors too.
+	bad := writeTree(t, map[string]string{"sub/bad.conf": "domain: x\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 1}\n"})
+	_, err := LoadWith(bad, Options{AllFiles: true})
+	if err == nil || !strings.Contains(err.Error(), filepath.Join(bad, "sub", "bad.conf")+":4:") {
+		t.Errorf("error %v, want it to name sub/bad.conf:4", err)
+	}
+	if _, err := LoadWith(t.TempDir(), Options{AllFiles: true}); err == nil || !strings.Contains(err.Error(), "no rule files") {
+		t.Errorf("empty directory: %v", err)
+	}
+}
+
+func TestMergeDomains(t *testing.T) {
+	files := map[string][]byte{
+		"one.yaml": []byte("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1}\n"),
+		"two.yaml": []byte("domain: d\ndescriptors:\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 2}\n"),
+	}
+	if _, err := Parse(files); err == nil || !strings.Contains(err.Error(), "duplicate domain") {
+		t.Fatalf("without merging: %v, want duplicate domain", err)
+	}
+	rs, err := ParseWith(files, Options{MergeDomains: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rs.Domains) != 1 || rs.Domains[0].File != "one.yaml" {
+		t.Fatalf("domains %+v, want d from one.yaml", rs.Domains)
+	}
+	for key, want := range map[string]string{"a": "one.yaml:3", "b": "two.yaml:3"} {
+		r := rs.Match("d", []Entry{{Key: key}})
+		if r == nil || r.Source != want {
+			t.Errorf("key %s: rule %+v, want one defined at %s", key, r, want)
+		}
+	}
+	// The same descriptor in two files is a duplicate, reported in the file of the second.
+	files["three.yaml"] = []byte("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: hour, requests_per_unit: 3}\n")
+	_, err = ParseWith(files, Options{MergeDomains: true})
+	if err == nil || !strings.Contains(err.Error(), "three.yaml:3:") || !strings.Contains(err.Error(), "duplicate key") {
+		t.Errorf("duplicate across files: %v, want three.yaml:3 duplicate key", err)
+	}
+}

@@ -35,7 +35,10 @@ type Target struct {
 	// SentinelUsername and SentinelPassword authenticate to the sentinels themselves.
 	SentinelUsername string
 	SentinelPassword string
-	single           *goredis.Options
+	// TLSConfig, when TLS is set, replaces the default: the system's roots, verifying the
+	// server name of the first address. A ServerName left empty is filled in the same way.
+	TLSConfig *tls.Config
+	single    *goredis.Options
 }
 
 // String describes t without its passwords.
@@ -193,6 +196,12 @@ func newClient(t Target, c clientOptions) goredis.UniversalClient {
 			host = host[:i]
 		}
 		tlsConf = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+		if t.TLSConfig != nil {
+			tlsConf = t.TLSConfig.Clone()
+			if tlsConf.ServerName == "" {
+				tlsConf.ServerName = host
+			}
+		}
 	}
 	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 	switch t.Topology {
@@ -214,6 +223,9 @@ func newClient(t Target, c clientOptions) goredis.UniversalClient {
 	var o *goredis.Options
 	if t.single != nil {
 		cp := *t.single
+		if cp.TLSConfig != nil && t.TLSConfig != nil {
+			cp.TLSConfig = tlsConf
+		}
 		o = &cp
 	} else {
 		o = &goredis.Options{Addr: t.Addrs[0], Username: t.Username, Password: t.Password, DB: t.DB, TLSConfig: tlsConf}

@@ -16,14 +16,19 @@ ARG TARGETOS TARGETARCH
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
     CGO_ENABLED=0 GOOS=${TARGETOS} GOARCH=${TARGETARCH} \
     go build -trimpath -tags vtprotobuf -ldflags="-s -w" -o /out/rls ./cmd/rls
+# envoyproxy/ratelimit's image runs /bin/ratelimit, and so do the deployments written for it
+# (Envoy Gateway's among them): the same binary answers there, through a symlink.
+RUN mkdir -p /out/bin && ln -s /rls /out/bin/ratelimit
 
 FROM scratch
 # Roots for rediss:// (Redis over TLS); nothing else in the image reads them.
 COPY --from=build /etc/ssl/certs/ca-certificates.crt /etc/ssl/certs/ca-certificates.crt
 COPY --from=build /out/rls /rls
+COPY --from=build /out/bin /bin
 # Any non-zero uid does: rls writes nothing to disk. 65532 is the uid Kubernetes manifests and
 # distroless images conventionally give an unprivileged user.
 USER 65532:65532
-# 8081: gRPC (ShouldRateLimit, grpc.health.v1); 8080: /healthz /readyz /metrics, POST /json.
+# 8081: gRPC (ShouldRateLimit, grpc.health.v1); 8080: /healthz /readyz /healthcheck /metrics,
+# POST /json.
 EXPOSE 8080 8081
 ENTRYPOINT ["/rls"]

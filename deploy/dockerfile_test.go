@@ -222,6 +222,25 @@ func TestDockerfile(t *testing.T) {
 			}
 			return nil
 		}},
+		{"answers at /bin/ratelimit, the command envoyproxy/ratelimit's deployments run", func() error {
+			// The build stage links <dir>/ratelimit to the binary's final path; the final
+			// stage copies <dir> to /bin.
+			bin := "/" + path.Base(b.args[slices.Index(b.args, "-o")+1])
+			link := regexp.MustCompile(`ln -s (\S+) (\S+)/ratelimit\b`)
+			for _, in := range b.stage.body {
+				m := link.FindStringSubmatch(in.args)
+				if in.cmd != "RUN" || m == nil || m[1] != bin {
+					continue
+				}
+				for _, fin := range final.body {
+					if fin.cmd == "COPY" && strings.HasSuffix(fin.args, "--from="+b.stage.name+" "+m[2]+" /bin") {
+						return nil
+					}
+				}
+				return fmt.Errorf("%s/ratelimit links to %s but the final stage does not copy %s to /bin", m[2], bin, m[2])
+			}
+			return fmt.Errorf("no RUN ln -s %s <dir>/ratelimit in stage %s", bin, b.stage.name)
+		}},
 	}
 	for _, ck := range checks {
 		t.Run(ck.name, func(t *testing.T) {

@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/rls-project/rls/internal/descriptors"
 )
 
 // runValidate loads rule files and reports every problem. The path comes as an argument or as
@@ -37,7 +39,7 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	default:
 		return usage()
 	}
-	rs, err := loadRules(path)
+	rs, err := loadRules(path, descriptors.Options{})
 	if err != nil {
 		return err
 	}

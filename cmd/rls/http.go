@@ -83,10 +83,11 @@ func (l httpLimits) server(h http.Handler) *http.Server {
 
 // mainMux is the HTTP listener's (--http-addr): probes, metrics and POST /json. It shows no
 // rules and no key's state.
-func mainMux(svc *service.Service, ready http.Handler, reg *prometheus.Registry) *http.ServeMux {
+func mainMux(svc *service.Service, ready *readiness, reg *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.Handle("GET /readyz", ready)
+	mux.HandleFunc("GET /healthcheck", ready.healthcheck) // envoyproxy/ratelimit's readiness path
 	mux.Handle("/json", svc.JSONHandler())
 	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	return mux
@@ -97,6 +98,7 @@ func mainMux(svc *service.Service, ready http.Handler, reg *prometheus.Registry)
 func debugMux(svc *service.Service, pprofOn bool) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /debug/rules", svc.RulesHandler())
+	mux.Handle("GET /rlconfig", svc.RLConfigHandler()) // envoyproxy/ratelimit's rule dump
 	mux.Handle("/debug/explain", svc.ExplainHandler())
 	if pprofOn {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)

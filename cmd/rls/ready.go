@@ -15,7 +15,8 @@ import (
 )
 
 // healthServices are the names gRPC health reports on.
-var healthServices = []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName}
+// "ratelimit" is the name envoyproxy/ratelimit reports on, which its users' probes may ask for.
+var healthServices = []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName, "ratelimit"}
 
 // readiness is what /readyz and gRPC health report. While the backend is unavailable rls is
 // ready only if its failure mode still answers (allow, deny or local): with failure mode error
@@ -32,6 +33,8 @@ type readiness struct {
 	stopping bool
 	healthy  bool
 	heard    bool // a change arrived from the backend: newer than any seed
+	// waitRules: not ready until rules are loaded (rules from xDS, not there yet).
+	waitRules bool
 }
 
 func newReadiness(hs *health.Server, failure service.FailureMode, log *slog.Logger) *readiness {
@@ -57,6 +60,27 @@ func (r *readiness) follow(be backend.Backend) (cancel func()) {
 	}
 	r.mu.Unlock()
 	return cancel
+}
+
+// needRules makes readiness wait for rulesLoaded when need is true.
+func (r *readiness) needRules(need bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.waitRules = need
+}
+
+// rulesLoaded records that rules are loaded.
+func (r *readiness) rulesLoaded() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.waitRules {
+		return
+	}
+	r.waitRules = false
+	if r.started {
+		r.log.Info("rules loaded: ready")
+		r.publishLocked()
+	}
 }
 
 // start marks start-up complete.
@@ -99,7 +123,7 @@ func (r *readiness) stop() {
 }
 
 func (r *readiness) readyLocked() bool {
-	return r.started && !r.stopping && (r.healthy || r.failure != service.FailError)
+	return r.started && !r.stopping && !r.waitRules && (r.healthy || r.failure != service.FailError)
 }
 
 func (r *readiness) publishLocked() {
@@ -115,22 +139,43 @@ func (r *readiness) publishLocked() {
 	}
 }
 
+// state says whether rls is ready and, in words, why or why not.
+func (r *readiness) state() (ready bool, why string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case !r.started:
+		return false, "not ready: starting"
+	case r.stopping:
+		return false, "not ready: shutting down"
+	case r.waitRules:
+		return false, "not ready: no rules loaded yet"
+	case !r.readyLocked():
+		return false, "not ready: backend unavailable and failure mode is error"
+	case !r.healthy:
+		return true, "ready, degraded: backend unavailable; answering with failure mode " + r.failure.String()
+	}
+	return true, "ready"
+}
+
 // ServeHTTP serves /readyz: 200 when ready (saying "degraded" while the failure mode answers),
 // 503 otherwise, with the reason.
 func (r *readiness) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
-	r.mu.Lock()
-	ready, started, stopping, healthy := r.readyLocked(), r.started, r.stopping, r.healthy
-	r.mu.Unlock()
-	switch {
-	case !started:
-		http.Error(w, "not ready: starting", http.StatusServiceUnavailable)
-	case stopping:
-		http.Error(w, "not ready: shutting down", http.StatusServiceUnavailable)
-	case !ready:
-		http.Error(w, "not ready: backend unavailable and failure mode is error", http.StatusServiceUnavailable)
-	case !healthy:
-		io.WriteString(w, "ready, degraded: backend unavailable; answering with failure mode "+r.failure.String()+"\n")
-	default:
-		io.WriteString(w, "ready\n")
+	ready, why := r.state()
+	if !ready {
+		http.Error(w, why, http.StatusServiceUnavailable)
+		return
 	}
+	io.WriteString(w, why+"\n")
+}
+
+// healthcheck serves envoyproxy/ratelimit's /healthcheck: 200 "OK" when ready, else 500 with
+// the reason.
+func (r *readiness) healthcheck(w http.ResponseWriter, _ *http.Request) {
+	ready, why := r.state()
+	if !ready {
+		http.Error(w, why, http.StatusInternalServerError)
+		return
+	}
+	io.WriteString(w, "OK")
 }

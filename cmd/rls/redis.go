@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -22,6 +23,10 @@ type redisConfig struct {
 	localCacheSize int
 	coalesce       int
 	clockOffset    time.Duration
+	tlsCert        string
+	tlsKey         string
+	tlsCA          string
+	tlsSkipVerify  bool
 }
 
 // redisFlags registers the Redis backend's flags on fs.
@@ -41,6 +46,10 @@ func redisFlags(fs *flag.FlagSet) *redisConfig {
 		"--backend redis: keys whose denial this process remembers, answering them without Redis until Redis would admit them again (0 disables)")
 	fs.IntVar(&rc.coalesce, "redis-coalesce", 64,
 		"--backend redis: gather concurrent decisions into pipelines of up to this many script calls, one pipeline in flight at a time (0: every decision sends its own)")
+	fs.StringVar(&rc.tlsCert, "redis-tls-cert", "", "--backend redis over TLS (rediss://...): PEM client certificate (with --redis-tls-key)")
+	fs.StringVar(&rc.tlsKey, "redis-tls-key", "", "--backend redis over TLS: PEM client private key")
+	fs.StringVar(&rc.tlsCA, "redis-tls-ca", "", "--backend redis over TLS: PEM CA bundle that verifies Redis (default: the system's roots)")
+	fs.BoolVar(&rc.tlsSkipVerify, "redis-tls-skip-hostname-verify", false, "--backend redis over TLS: verify Redis's certificate chain but not the name in it")
 	fs.DurationVar(&rc.clockOffset, "clock-offset", 0, "testing only: shift this process's clock by this much (decisions take their time from Redis)")
 	return rc
 }
@@ -67,6 +76,14 @@ func newRedisBackend(ctx context.Context, rc *redisConfig, log *slog.Logger) (ba
 	target, err := redisbackend.ParseURL(rc.url)
 	if err != nil {
 		return nil, fmt.Errorf("--redis-url: %w", err)
+	}
+	if rc.tlsCert != "" || rc.tlsKey != "" || rc.tlsCA != "" || rc.tlsSkipVerify {
+		if !target.TLS {
+			return nil, errors.New("--redis-tls-* need TLS: a rediss://, rediss-sentinel:// or rediss-cluster:// --redis-url")
+		}
+		if target.TLSConfig, err = clientTLS("--redis-tls-*", rc.tlsCert, rc.tlsKey, rc.tlsCA, "", rc.tlsSkipVerify); err != nil {
+			return nil, err
+		}
 	}
 	b, err := redisbackend.New(ctx, redisbackend.Options{
 		Target:         target,

@@ -10,6 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
@@ -56,6 +57,20 @@ type serveConfig struct {
 	env             []string
 	redis           *redisConfig
 	reload          *reloadConfig
+	xds             *xdsConfig
+
+	configAllFiles    bool
+	configDotFiles    bool
+	mergeDomains      bool
+	shadowMode        bool
+	quotaMode         bool
+	startWithoutRules bool
+	readyWithRules    bool
+	tlsClientSAN      string
+	metricsAddr       string
+	metricsPath       string
+	headerNames       service.LegacyHeaderNames
+	ratelimitEnv      bool
 }
 
 func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) {
@@ -87,8 +102,23 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.StringVar(&c.tlsClientCA, "grpc-tls-client-ca", "", "PEM CA bundle: require and verify client certificates (mTLS)")
 	fs.DurationVar(&c.shutdownDelay, "shutdown-delay", 0, "on SIGTERM, report NOT_SERVING this long before draining, so load balancers stop sending")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "on SIGTERM, how long in-flight calls get to finish")
+	fs.BoolVar(&c.configAllFiles, "config-all-files", false, "load every file of the --config directory and of its subdirectories, whatever its name, as envoyproxy/ratelimit's runtime directory is read (default: the directory's *.yaml and *.yml files)")
+	fs.BoolVar(&c.configDotFiles, "config-dot-files", false, "also load files and directories whose names start with '.' (keep it off for Kubernetes ConfigMap mounts, whose ..data entries repeat every file)")
+	fs.BoolVar(&c.mergeDomains, "merge-domains", false, "merge rule files (or xDS resources) that define the same domain, instead of rejecting the second")
+	fs.BoolVar(&c.shadowMode, "shadow-mode", false, "put every rule in shadow mode: decide and count, but answer OK")
+	fs.BoolVar(&c.quotaMode, "quota-mode", false, "put every rule in quota mode")
+	fs.BoolVar(&c.startWithoutRules, "start-without-rules", false, "--xds-server: answer at once, with no limits, before the first rules arrive (default: answer UNAVAILABLE and report not ready until they do)")
+	fs.BoolVar(&c.readyWithRules, "ready-with-rules", false, "report ready only once rules have been loaded, even with --start-without-rules")
+	fs.StringVar(&c.tlsClientSAN, "grpc-tls-client-san", "", "with --grpc-tls-client-ca: also require this name (DNS, URI, e-mail or IP) among the client certificate's subject alternative names")
+	fs.StringVar(&c.metricsAddr, "metrics-addr", "", "also serve Prometheus metrics on this address, at --metrics-path (they are always on --http-addr's /metrics)")
+	fs.StringVar(&c.metricsPath, "metrics-path", "/metrics", "--metrics-addr: the path metrics are served at")
+	fs.StringVar(&c.headerNames.Limit, "response-header-limit", "RateLimit-Limit", "--response-headers legacy: name of the limit header")
+	fs.StringVar(&c.headerNames.Remaining, "response-header-remaining", "RateLimit-Remaining", "--response-headers legacy: name of the remaining header")
+	fs.StringVar(&c.headerNames.Reset, "response-header-reset", "RateLimit-Reset", "--response-headers legacy: name of the reset header")
+	fs.BoolVar(&c.ratelimitEnv, "ratelimit-env", true, "read envoyproxy/ratelimit's environment variables (REDIS_URL, RUNTIME_ROOT, CONFIG_TYPE...) when they are set; flags and RLS_* variables win over them")
 	c.redis = redisFlags(fs)
 	c.reload = reloadFlags(fs)
+	c.xds = xdsFlags(fs)
 	if err := parseFlags(fs, args, env); err != nil {
 		return c, err
 	}
@@ -114,11 +144,35 @@ func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
 
-func loadRules(path string) (*descriptors.RuleSet, error) {
+// loadRules loads rule files: path, or the embedded example rules when path is empty.
+func loadRules(path string, opts descriptors.Options) (*descriptors.RuleSet, error) {
 	if path == "" {
-		return descriptors.Parse(map[string][]byte{defaultRulesName: defaultRules})
+		return descriptors.ParseWith(map[string][]byte{defaultRulesName: defaultRules}, opts)
 	}
-	return descriptors.Load(path)
+	return descriptors.LoadWith(path, opts)
+}
+
+// fromXDS reports whether the rules come from an xDS server.
+func (c serveConfig) fromXDS() bool { return c.xds != nil && c.xds.server != "" }
+
+// rulesOptions are the loader's options, for files and xDS alike.
+func (c serveConfig) rulesOptions() descriptors.Options {
+	return descriptors.Options{AllFiles: c.configAllFiles, DotFiles: c.configDotFiles, MergeDomains: c.mergeDomains}
+}
+
+// initialRules are the rules rls starts with: the files', or with --xds-server none yet (nil),
+// or an empty set with --start-without-rules.
+func (c serveConfig) initialRules() (*descriptors.RuleSet, error) {
+	if !c.fromXDS() {
+		return loadRules(c.config, c.rulesOptions())
+	}
+	if c.config != "" {
+		return nil, errors.New("--config and --xds-server both give the rules: keep one")
+	}
+	if c.startWithoutRules {
+		return descriptors.Parse(nil)
+	}
+	return nil, nil
 }
 
 func newBackend(ctx context.Context, c serveConfig, log *slog.Logger) (backend.Backend, error) {
@@ -154,8 +208,36 @@ func grpcCredentials(c serveConfig) (grpc.ServerOption, error) {
 		}
 		cfg.ClientCAs = pool
 		cfg.ClientAuth = tls.RequireAndVerifyClientCert
+		if san := c.tlsClientSAN; san != "" {
+			cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+				if len(cs.PeerCertificates) > 0 && hasSAN(cs.PeerCertificates[0], san) {
+					return nil
+				}
+				return fmt.Errorf("client certificate does not name %q", san)
+			}
+		}
+	} else if c.tlsClientSAN != "" {
+		return nil, errors.New("--grpc-tls-client-san needs --grpc-tls-client-ca")
 	}
 	return grpc.Creds(credentials.NewTLS(cfg)), nil
+}
+
+// hasSAN reports whether cert names san among its DNS names, URIs, e-mail addresses or IPs.
+func hasSAN(cert *x509.Certificate, san string) bool {
+	if slices.Contains(cert.DNSNames, san) || slices.Contains(cert.EmailAddresses, san) {
+		return true
+	}
+	for _, u := range cert.URIs {
+		if u.String() == san {
+			return true
+		}
+	}
+	for _, ip := range cert.IPAddresses {
+		if ip.String() == san {
+			return true
+		}
+	}
+	return false
 }
 
 // newGRPCServer returns the gRPC server with the settings Envoy needs: keepalive pings accepted
@@ -190,11 +272,14 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 	return grpc.NewServer(opts...), nil
 }
 
-func rulesSource(path string) string {
-	if path == "" {
+func rulesSource(c serveConfig) string {
+	switch {
+	case c.fromXDS():
+		return "xds " + c.xds.server + " node " + c.xds.nodeID
+	case c.config == "":
 		return strings.TrimPrefix(defaultRulesName, "embedded:") + " (embedded)"
 	}
-	return path
+	return c.config
 }
 
 // drainingHealth ends health Watch streams when draining begins: GracefulStop waits for every

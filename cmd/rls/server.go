@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -23,6 +25,7 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/service"
+	"github.com/rls-project/rls/internal/xds"
 )
 
 // serve runs one server until ctx ends (SIGTERM, SIGINT) or a listener fails, then shuts it
@@ -54,11 +57,13 @@ type server struct {
 	draining chan struct{} // closed when the gRPC drain begins: ends health watches
 	http     *http.Server
 	debug    *http.Server // nil without --debug-addr
+	metrics  *http.Server // nil without --metrics-addr
+	xds      *xds.Client  // nil without --xds-server
 
-	grpcL, httpL, debugL net.Listener
+	grpcL, httpL, debugL, metricsL net.Listener
 
-	errc       chan error // one per listener: why its Serve returned
-	stopReload context.CancelFunc
+	errc       chan error         // one per listener: why its Serve returned
+	stopReload context.CancelFunc // also ends the xDS subscription
 	stopHealth func()
 }
 
@@ -89,7 +94,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	if c.debug && c.debugAddr == "" {
 		return nil, errors.New("--debug serves pprof on the debug listener: it needs --debug-addr")
 	}
-	if s.rules, err = loadRules(c.config); err != nil {
+	if s.rules, err = c.initialRules(); err != nil {
 		return nil, fmt.Errorf("loading rules: %w", err)
 	}
 	if s.tracing, err = setupTracing(ctx, c.env, s.log); err != nil {
@@ -113,6 +118,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	s.svc, err = service.New(s.rules, service.Options{
 		Backend: s.be, Logger: s.log, Headers: headers, FailureMode: s.failure, Local: s.local,
 		Metrics: metrics, Tracer: s.tracing.tracer, DetailedMetricValues: c.detailedValues,
+		LegacyHeaderNames: c.headerNames, ShadowMode: c.shadowMode, QuotaMode: c.quotaMode,
 	})
 	if err != nil {
 		return nil, err
@@ -121,7 +127,11 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	// still reload, not kill the process with the signal's default action.
 	var rctx context.Context
 	rctx, s.stopReload = context.WithCancel(context.WithoutCancel(ctx))
-	if err := startReload(rctx, c.reload, c.config, s.applyRules, s.log); err != nil {
+	if c.fromXDS() {
+		if s.xds, err = newXDS(c, s.applyXDS, s); err != nil {
+			return nil, err
+		}
+	} else if err := startReload(rctx, c.reload, c.config, s.applyRules, s.log); err != nil {
 		return nil, err
 	}
 
@@ -141,11 +151,22 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	}
 	grpcMetrics.InitializeMetrics(s.grpc)
 	s.ready = newReadiness(hs, s.failure, s.log)
+	// Without rules yet every answer is UNAVAILABLE: not ready. --ready-with-rules asks for
+	// rules even when rls answers without them.
+	s.ready.needRules(s.rules == nil || (c.readyWithRules && c.fromXDS() && c.startWithoutRules))
 	s.stopHealth = sync.OnceFunc(s.ready.follow(s.be))
 
 	s.http = c.http.server(mainMux(s.svc, s.ready, reg))
 	if c.debugAddr != "" {
 		s.debug = c.http.debugServer(debugMux(s.svc, c.debug))
+	}
+	if c.metricsAddr != "" {
+		if !strings.HasPrefix(c.metricsPath, "/") {
+			return nil, fmt.Errorf("--metrics-path %q: want a path starting with /", c.metricsPath)
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET "+c.metricsPath, promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+		s.metrics = c.http.server(mux)
 	}
 
 	var lc net.ListenConfig
@@ -160,15 +181,23 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 			return nil, fmt.Errorf("--debug-addr: %w", err)
 		}
 	}
+	if s.metrics != nil {
+		if s.metricsL, err = lc.Listen(ctx, "tcp", c.metricsAddr); err != nil {
+			return nil, fmt.Errorf("--metrics-addr: %w", err)
+		}
+	}
+	if s.xds != nil {
+		go s.xds.Run(rctx)
+	}
 	return s, nil
 }
 
 // applyRules swaps in a freshly loaded rule set, whole or not at all.
 func (s *server) applyRules() error {
-	rs, err := loadRules(s.cfg.config)
+	rs, err := loadRules(s.cfg.config, s.cfg.rulesOptions())
 	if err != nil {
 		s.svc.RulesRejected()
-		s.log.Error("rules rejected; the running rules stay in force", "rules", rulesSource(s.cfg.config), "err", err)
+		s.log.Error("rules rejected; the running rules stay in force", "rules", rulesSource(s.cfg), "err", err)
 		return err
 	}
 	s.svc.SetRules(rs)
@@ -177,26 +206,36 @@ func (s *server) applyRules() error {
 		p.PurgeCache()
 	}
 	gen, _ := s.svc.Generation()
-	s.log.Info("rules loaded", "rules", rulesSource(s.cfg.config), "generation", gen, "domains", len(rs.Domains), "files", len(rs.Files))
+	s.log.Info("rules loaded", "rules", rulesSource(s.cfg), "generation", gen, "domains", len(rs.Domains), "files", len(rs.Files))
 	return nil
 }
 
 // run serves on every listener until ctx ends, which returns nil, or until one fails, which
 // returns its error. Readiness turns SERVING once every listener is serving.
 func (s *server) run(ctx context.Context) error {
-	s.errc = make(chan error, 3)
+	s.errc = make(chan error, 4)
 	go func() { s.errc <- s.grpc.Serve(s.grpcL) }()
 	go func() { s.errc <- s.http.Serve(s.httpL) }()
 	if s.debug != nil {
 		go func() { s.errc <- s.debug.Serve(s.debugL) }()
 	}
+	if s.metrics != nil {
+		go func() { s.errc <- s.metrics.Serve(s.metricsL) }()
+	}
 	s.ready.start()
+	domains := 0 // none yet while rules are awaited from xDS
+	if rs := s.svc.Rules(); rs != nil {
+		domains = len(rs.Domains)
+	}
 	attrs := []any{"grpc", s.grpcL.Addr().String(), "http", s.httpL.Addr().String()}
 	if s.debugL != nil {
 		attrs = append(attrs, "debug_http", s.debugL.Addr().String())
 	}
+	if s.metricsL != nil {
+		attrs = append(attrs, "metrics_http", s.metricsL.Addr().String())
+	}
 	s.log.Info("rls serving", append(attrs, "backend", s.cfg.backend, "failure_mode", s.failure.String(),
-		"rules", rulesSource(s.cfg.config), "domains", len(s.rules.Domains),
+		"rules", rulesSource(s.cfg), "domains", domains,
 		"tls", s.cfg.tlsCert != "", "tracing", s.tracing.tracer != nil, "pprof", s.cfg.debug)...)
 	select {
 	case <-ctx.Done():
@@ -254,13 +293,16 @@ func (s *server) drain(ctx context.Context) {
 	if s.debug != nil {
 		_ = s.debug.Shutdown(ctx)
 	}
+	if s.metrics != nil {
+		_ = s.metrics.Shutdown(ctx)
+	}
 }
 
 // close releases everything newServer opened; it is safe on a server built halfway.
 func (s *server) close() {
 	s.stopReload()
 	s.stopHealth()
-	for _, l := range []net.Listener{s.grpcL, s.httpL, s.debugL} {
+	for _, l := range []net.Listener{s.grpcL, s.httpL, s.debugL, s.metricsL} {
 		if l != nil {
 			l.Close() // already closed when served; open when newServer failed after binding
 		}

@@ -23,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/service"
 )
 
@@ -447,7 +448,7 @@ func TestBackendCapabilities(t *testing.T) {
 	}
 
 	// A reload purges the cache, once per rule set applied.
-	rules, err := loadRules("")
+	rules, err := loadRules("", descriptors.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,10 @@ package service
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -177,4 +180,35 @@ func (s *Service) explain(r *http.Request, req *rlsv3.RateLimitRequest) any {
 		Generation  uint64              `json:"generation"`
 		Descriptors []explainDescriptor `json:"descriptors"`
 	}{req.GetDomain(), gen, out}
+}
+
+// RLConfigHandler serves GET /rlconfig as envoyproxy/ratelimit does: one line per rule,
+// "<domain>.<key>_<value>...: unit=MINUTE requests_per_unit=10, shadow_mode: false", in text.
+func (s *Service) RLConfigHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		rs := s.Rules()
+		if rs == nil {
+			http.Error(w, "no rules loaded yet", http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		var b strings.Builder
+		for _, d := range rs.Domains {
+			for _, r := range d.Rules {
+				name := d.Name + "." + strings.NewReplacer("=", "_", "/", ".").Replace(r.Path)
+				shadow := r.ShadowMode || s.shadowAll
+				if r.Unlimited {
+					fmt.Fprintf(&b, "%s: unlimited, shadow_mode: %t\n", name, shadow)
+				}
+				for _, l := range r.Limits {
+					unit := strings.ToUpper(l.Unit.String())
+					if l.UnitMultiplier > 1 {
+						unit = fmt.Sprintf("%d*%s", l.UnitMultiplier, unit)
+					}
+					fmt.Fprintf(&b, "%s: unit=%s requests_per_unit=%d, burst=%d, shadow_mode: %t\n", name, unit, l.RequestsPerUnit, l.Burst, shadow)
+				}
+			}
+		}
+		io.WriteString(w, b.String())
+	})
 }

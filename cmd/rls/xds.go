@@ -155,4 +155,3 @@ func (s *server) applyXDS(configs []*rlconfv3.RateLimitConfig) error {
 	s.log.Info("rules loaded", "rules", rulesSource(s.cfg), "generation", gen, "domains", len(rs.Domains), "configs", len(configs))
 	return nil
 }
-

@@ -566,6 +566,7 @@ type testPKI struct {
 	caPool                *x509.CertPool
 	client                tls.Certificate
 	serverCert, serverKey string
+	clientCert, clientKey string // client's, as files
 	caFile                string
 }
 
@@ -610,6 +611,9 @@ func newTestPKI(t *testing.T, serverName string) *testPKI {
 	p.serverKey = p.write(t, "server.key", "EC PRIVATE KEY", keyDER)
 	der, key = issue(3, "envoy", x509.ExtKeyUsageClientAuth, nil)
 	p.client = tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
+	keyDER, _ = x509.MarshalECPrivateKey(key)
+	p.clientCert = p.write(t, "client.crt", "CERTIFICATE", der)
+	p.clientKey = p.write(t, "client.key", "EC PRIVATE KEY", keyDER)
 	return p
 }
 

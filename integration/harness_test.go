@@ -96,6 +96,14 @@ func (s *syncBuffer) String() string {
 // beforehand may be taken by another test's server before rls binds it.
 func startRLS(t testing.TB, env []string, args ...string) *rlsProc {
 	t.Helper()
+	p := launchRLS(t, env, args...)
+	p.waitReady(t)
+	return p
+}
+
+// launchRLS is startRLS without waiting for readiness: it returns once rls serves.
+func launchRLS(t testing.TB, env []string, args ...string) *rlsProc {
+	t.Helper()
 	bin := rlsBinary(t)
 	p := &rlsProc{out: &syncBuffer{}, done: make(chan struct{})}
 	joined := strings.Join(args, " ")
@@ -128,12 +136,32 @@ func startRLS(t testing.TB, env []string, args ...string) *rlsProc {
 		if len(wanted) > 0 {
 			p.boundAddrs(wanted)
 		}
-		if p.HTTPAddr != "" && len(wanted) == 0 {
+		if len(wanted) == 0 && strings.Contains(p.out.String(), "rls serving") {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rls not serving after 30s\n%s", p.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitReady waits until /readyz answers 200.
+func (p *rlsProc) waitReady(t testing.TB) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case <-p.done:
+			t.Fatalf("rls exited early: %v\n%s", p.exitErr, p.out.String())
+		default:
+		}
+		if p.HTTPAddr != "" {
 			resp, err := http.Get("http://" + p.HTTPAddr + "/readyz")
 			if err == nil {
 				resp.Body.Close()
 				if resp.StatusCode == http.StatusOK {
-					return p
+					return
 				}
 			}
 		}

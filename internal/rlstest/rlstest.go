@@ -202,6 +202,37 @@ func (p *Proc) Pause(t testing.TB) {
 		t.Fatal(err)
 	}
 	p.stopped = true
+	// The signal is delivered asynchronously: wait until every thread is stopped, so that no
+	// call made after Pause returns is answered.
+	deadline := time.Now().Add(10 * time.Second)
+	for !p.allStopped() {
+		if time.Now().After(deadline) {
+			t.Fatal("rls did not stop within 10s of SIGSTOP")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allStopped reports whether every thread of the process is in state T (stopped), as Linux's
+// /proc shows it; elsewhere it reports true at once.
+func (p *Proc) allStopped() bool {
+	dir := fmt.Sprintf("/proc/%d/task", p.cmd.Process.Pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return true
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// The state follows the command name, which is in parentheses and may hold spaces.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) || stat[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
 }
 
 // Resume continues a paused process with SIGCONT.

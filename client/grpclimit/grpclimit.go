@@ -64,7 +64,9 @@ func Generic(value string) Part { return Static("generic_key", value) }
 
 // Method is the entry method=<the full method name>, such as "/pkg.Service/Method".
 func Method() Part {
-	return func(_ context.Context, m string) (client.Entry, bool) { return client.Entry{Key: "method", Value: m}, true }
+	return func(_ context.Context, m string) (client.Entry, bool) {
+		return client.Entry{Key: "method", Value: m}, true
+	}
 }
 
 // Metadata is the entry key=<the first value of the incoming metadata name>; a call without it

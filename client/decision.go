@@ -1,0 +1,237 @@
+package client
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Limit is a rate limit as rls reports it: Requests per Window, under a rule's Name. The zero
+// value means no limit applied (no rule matched, or an unlimited rule).
+type Limit struct {
+	Name     string
+	Requests uint32
+	Window   time.Duration // the unit times its multiplier; a month is 30 days, a year 365
+}
+
+// Status is rls's answer for one descriptor of a request.
+type Status struct {
+	Descriptor Descriptor
+	OverLimit  bool
+	Limit      Limit  // zero when no limit applied
+	Remaining  uint32 // requests still admitted after this one
+	// Wait is duration_until_reset: for an over-limit descriptor the time until the request
+	// would be admitted, otherwise the time until its limit is fully restored.
+	Wait time.Duration
+}
+
+// Source says who decided.
+type Source uint8
+
+const (
+	// SourceRLS: rls answered.
+	SourceRLS Source = iota
+	// SourceLocal: the local tier admitted the request without asking rls.
+	SourceLocal
+	// SourceFailure: rls did not answer in time and the failure policy decided.
+	SourceFailure
+)
+
+func (s Source) String() string {
+	switch s {
+	case SourceLocal:
+		return "local"
+	case SourceFailure:
+		return "failure_policy"
+	}
+	return "rls"
+}
+
+// Decision is the outcome of one check. The zero value denies.
+type Decision struct {
+	Allowed bool
+	// Descriptor is the limiting descriptor: when denied, the over-limit descriptor with the
+	// longest wait (the first of equals); when allowed, the limited descriptor with the fewest
+	// requests remaining. Nil when no descriptor had a limit.
+	Descriptor Descriptor
+	Limit      Limit  // the limiting descriptor's limit
+	Remaining  uint32 // the limiting descriptor's remaining requests
+	// RetryAfter is how long to wait before the request would be admitted; zero when allowed.
+	RetryAfter time.Duration
+	// Reset is the limiting descriptor's duration_until_reset: when allowed, the time until it
+	// is back to a full burst.
+	Reset  time.Duration
+	Source Source
+	// Err is why rls did not answer, when Source is SourceFailure.
+	Err error
+	// Statuses holds one status per descriptor of the request, in order (none when the
+	// failure policy decided).
+	Statuses []Status
+	// RLSHeaders are the response_headers_to_add rls sent (rls --response-headers), and Body its
+	// raw_body; WriteHeaders writes those not already written.
+	RLSHeaders http.Header
+	Body       []byte
+}
+
+// decide fills the summary fields of d from d.Statuses; overLimit is the overall code.
+func (d *Decision) decide(overLimit bool) {
+	d.Allowed = !overLimit
+	best := -1
+	if overLimit {
+		for i := range d.Statuses {
+			if st := &d.Statuses[i]; st.OverLimit && (best < 0 || st.Wait > d.Statuses[best].Wait) {
+				best = i
+			}
+		}
+	}
+	if best < 0 {
+		for i := range d.Statuses {
+			if st := &d.Statuses[i]; limited(st) && (best < 0 || st.Remaining < d.Statuses[best].Remaining) {
+				best = i
+			}
+		}
+	}
+	if best < 0 {
+		if overLimit {
+			d.RetryAfter = time.Second
+		}
+		return
+	}
+	st := &d.Statuses[best]
+	d.Descriptor, d.Limit, d.Remaining, d.Reset = st.Descriptor, st.Limit, st.Remaining, st.Wait
+	if overLimit {
+		d.RetryAfter = max(st.Wait, time.Second)
+	}
+}
+
+// HeaderStyle selects the rate-limit response headers WriteHeaders writes.
+type HeaderStyle uint8
+
+const (
+	// HeadersDraft writes the IETF draft's RateLimit-Policy and RateLimit structured fields
+	// (draft-ietf-httpapi-ratelimit-headers-10), exactly as rls --response-headers draft emits
+	// them: one list item per limited descriptor, named by its rule's name or descriptor-<i>.
+	HeadersDraft HeaderStyle = iota
+	// HeadersLegacy writes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset (delta
+	// seconds) as Envoy's enable_x_ratelimit_headers DRAFT_VERSION_03 does.
+	HeadersLegacy
+	// HeadersNone writes no rate-limit headers (Retry-After still goes on a denial).
+	HeadersNone
+)
+
+// ceilSeconds rounds d up to whole seconds.
+func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
+
+// WriteHeaders sets on h the headers a response carries for d: the rate-limit headers in style,
+// Retry-After (whole seconds, at least 1) when denied, then each header rls sent that h does not
+// already hold.
+func (d *Decision) WriteHeaders(h http.Header, style HeaderStyle) {
+	switch style {
+	case HeadersDraft:
+		d.draft(h)
+	case HeadersLegacy:
+		d.legacy(h)
+	}
+	if !d.Allowed {
+		h.Set("Retry-After", strconv.FormatInt(max(ceilSeconds(d.RetryAfter), 1), 10))
+	}
+	for k, vs := range d.RLSHeaders {
+		if _, ok := h[k]; !ok {
+			h[k] = vs
+		}
+	}
+}
+
+// Header returns the headers WriteHeaders writes.
+func (d *Decision) Header(style HeaderStyle) http.Header {
+	h := http.Header{}
+	d.WriteHeaders(h, style)
+	return h
+}
+
+func limited(st *Status) bool { return st.Limit.Requests != 0 || st.Limit.Window != 0 }
+
+func (d *Decision) draft(h http.Header) {
+	var policy, state []byte
+	for i := range d.Statuses {
+		st := &d.Statuses[i]
+		if !limited(st) {
+			continue
+		}
+		if len(policy) > 0 {
+			policy = append(policy, ", "...)
+			state = append(state, ", "...)
+		}
+		mark := len(policy)
+		if st.Limit.Name != "" {
+			policy = appendSFString(policy, st.Limit.Name)
+		} else {
+			policy = append(policy, `"descriptor-`...)
+			policy = strconv.AppendInt(policy, int64(i), 10)
+			policy = append(policy, '"')
+		}
+		state = append(state, policy[mark:]...)
+		policy = append(policy, ";q="...)
+		policy = strconv.AppendUint(policy, uint64(st.Limit.Requests), 10)
+		policy = append(policy, ";w="...)
+		policy = strconv.AppendInt(policy, int64(st.Limit.Window/time.Second), 10)
+		state = append(state, ";r="...)
+		state = strconv.AppendUint(state, uint64(st.Remaining), 10)
+		state = append(state, ";t="...)
+		state = strconv.AppendInt(state, ceilSeconds(st.Wait), 10)
+	}
+	if len(policy) == 0 {
+		return
+	}
+	h["Ratelimit-Policy"] = []string{string(policy)}
+	h["Ratelimit"] = []string{string(state)}
+}
+
+func (d *Decision) legacy(h http.Header) {
+	min := -1
+	for i := range d.Statuses {
+		st := &d.Statuses[i]
+		if limited(st) && (min < 0 || st.Remaining < d.Statuses[min].Remaining) {
+			min = i
+		}
+	}
+	if min < 0 {
+		return
+	}
+	m := &d.Statuses[min]
+	b := strconv.AppendUint(nil, uint64(m.Limit.Requests), 10)
+	for i := range d.Statuses {
+		st := &d.Statuses[i]
+		if !limited(st) || st.Limit.Window < time.Second {
+			continue
+		}
+		b = append(b, ", "...)
+		b = strconv.AppendUint(b, uint64(st.Limit.Requests), 10)
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, int64(st.Limit.Window/time.Second), 10)
+		if st.Limit.Name != "" {
+			b = append(b, ";name="...)
+			b = appendSFString(b, st.Limit.Name)
+		}
+	}
+	h["X-Ratelimit-Limit"] = []string{string(b)}
+	h["X-Ratelimit-Remaining"] = []string{strconv.FormatUint(uint64(m.Remaining), 10)}
+	h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(ceilSeconds(m.Wait), 10)}
+}
+
+// appendSFString appends s as a Structured Field string (RFC 9651), as rls renders it: printable
+// ASCII, with '"' and '\\' escaped and any other byte replaced by '?'.
+func appendSFString(b []byte, s string) []byte {
+	b = append(b, '"')
+	for i := 0; i < len(s); i++ {
+		switch c := s[i]; {
+		case c == '"' || c == '\\':
+			b = append(b, '\\', c)
+		case c < 0x20 || c > 0x7e:
+			b = append(b, '?')
+		default:
+			b = append(b, c)
+		}
+	}
+	return append(b, '"')
+}

@@ -1,0 +1,223 @@
+// Package grpclimit is a pair of gRPC server interceptors, unary and stream, that rate-limit
+// calls with rls. Descriptors are built from the method name, the incoming metadata and the
+// peer's address; a denied call ends RESOURCE_EXHAUSTED with errdetails.RetryInfo (how long to
+// wait) and errdetails.QuotaFailure (which descriptors are over), and every call carries the
+// rate-limit headers as response header metadata.
+//
+//	lim := grpclimit.New(c, grpclimit.Options{},
+//		grpclimit.By(grpclimit.Metadata("x-api-key", "api_key")),
+//		grpclimit.By(grpclimit.Method()))
+//	srv := grpc.NewServer(grpc.UnaryInterceptor(lim.Unary()), grpc.StreamInterceptor(lim.Stream()))
+package grpclimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/rls-project/rls/client"
+)
+
+// Part yields one entry of a descriptor from a call; ok false drops the whole descriptor from
+// this call, and its other descriptors are still sent.
+type Part func(ctx context.Context, fullMethod string) (e client.Entry, ok bool)
+
+// Descriptor builds one descriptor from a call: the entries of its parts, in order.
+type Descriptor struct{ parts []Part }
+
+// By returns the descriptor of parts, in order; several parts make a composite key.
+func By(parts ...Part) Descriptor { return Descriptor{parts: parts} }
+
+func (d Descriptor) build(ctx context.Context, method string) (client.Descriptor, bool) {
+	if len(d.parts) == 0 {
+		return nil, false
+	}
+	out := make(client.Descriptor, len(d.parts))
+	for i, p := range d.parts {
+		e, ok := p(ctx, method)
+		if !ok {
+			return nil, false
+		}
+		out[i] = e
+	}
+	return out, true
+}
+
+// Static is the entry key=value on every call.
+func Static(key, value string) Part {
+	return func(context.Context, string) (client.Entry, bool) { return client.Entry{Key: key, Value: value}, true }
+}
+
+// Generic is the entry generic_key=value.
+func Generic(value string) Part { return Static("generic_key", value) }
+
+// Method is the entry method=<the full method name>, such as "/pkg.Service/Method".
+func Method() Part {
+	return func(_ context.Context, m string) (client.Entry, bool) {
+		return client.Entry{Key: "method", Value: m}, true
+	}
+}
+
+// Metadata is the entry key=<the first value of the incoming metadata name>; a call without it
+// drops the descriptor.
+func Metadata(name, key string) Part {
+	name = strings.ToLower(name)
+	return func(ctx context.Context, _ string) (client.Entry, bool) {
+		vs := metadata.ValueFromIncomingContext(ctx, name)
+		if len(vs) == 0 {
+			return client.Entry{}, false
+		}
+		v := strings.ToValidUTF8(vs[0], "\uFFFD")
+		if len(v) > client.MaxValueBytes {
+			v = strings.ToValidUTF8(v[:client.MaxValueBytes], "")
+		}
+		return client.Entry{Key: key, Value: v}, true
+	}
+}
+
+// Peer is the entry remote_address=<the peer's IP> (no port); a peer that is not an IP
+// address (a Unix socket) drops the descriptor. Behind a proxy, the peer is the proxy: use
+// Metadata on the header it forwards, if it is trusted to set it.
+func Peer() Part {
+	return func(ctx context.Context, _ string) (client.Entry, bool) {
+		p, ok := peer.FromContext(ctx)
+		if !ok || p.Addr == nil {
+			return client.Entry{}, false
+		}
+		var ip netip.Addr
+		switch a := p.Addr.(type) {
+		case *net.TCPAddr:
+			ip, ok = netip.AddrFromSlice(a.IP)
+		default:
+			ap, err := netip.ParseAddrPort(a.String())
+			ip, ok = ap.Addr(), err == nil
+		}
+		if !ok {
+			return client.Entry{}, false
+		}
+		return client.Entry{Key: "remote_address", Value: ip.Unmap().String()}, true
+	}
+}
+
+// Options configures a Limiter.
+type Options struct {
+	// Headers is the style of the rate-limit headers sent as response header metadata (default
+	// client.HeadersDraft; client.HeadersNone sends none but retry-after on a denial).
+	Headers client.HeaderStyle
+}
+
+// Limiter makes interceptors that ask one client. It is safe for concurrent use.
+type Limiter struct {
+	c     *client.Client
+	opts  Options
+	descs []Descriptor
+}
+
+// New returns a Limiter asking c with the descriptors descs of each call. A call that yields
+// no descriptor passes without asking.
+func New(c *client.Client, opts Options, descs ...Descriptor) *Limiter {
+	return &Limiter{c: c, opts: opts, descs: descs}
+}
+
+// check decides one call; a nil error admits it. It sends the headers with set.
+func (l *Limiter) check(ctx context.Context, method string, set func(metadata.MD) error) error {
+	var buf [4]client.Descriptor
+	descs := buf[:0]
+	for _, d := range l.descs {
+		if cd, ok := d.build(ctx, method); ok {
+			descs = append(descs, cd)
+		}
+	}
+	if len(descs) == 0 {
+		return nil
+	}
+	d, err := l.c.Check(ctx, descs...)
+	if err != nil {
+		if errors.Is(err, client.ErrUnavailable) {
+			return status.Error(codes.Unavailable, "rate limit service unavailable")
+		}
+		if ctx.Err() != nil {
+			return status.FromContextError(ctx.Err()).Err()
+		}
+		return status.Error(codes.Internal, "rate limit check failed")
+	}
+	if h := d.Header(l.opts.Headers); len(h) > 0 {
+		md := make(metadata.MD, len(h))
+		for k, vs := range h {
+			md[strings.ToLower(k)] = vs
+		}
+		_ = set(md) // fails only once headers are sent, which an interceptor runs before
+	}
+	if d.Allowed {
+		return nil
+	}
+	return Denied(d)
+}
+
+// Denied returns the RESOURCE_EXHAUSTED status of a denied decision, with RetryInfo and a
+// QuotaFailure violation per over-limit descriptor (the limiting one when rls named none, as
+// under the deny failure policy: then with no subject).
+func Denied(d client.Decision) error {
+	msg := "rate limit exceeded"
+	if d.Descriptor != nil {
+		msg = fmt.Sprintf("rate limit exceeded: %s", d.Descriptor)
+	}
+	qf := &errdetails.QuotaFailure{}
+	for _, st := range d.Statuses {
+		if st.OverLimit {
+			qf.Violations = append(qf.Violations, violation(st.Descriptor, st.Limit))
+		}
+	}
+	if len(qf.Violations) == 0 {
+		qf.Violations = append(qf.Violations, violation(d.Descriptor, d.Limit))
+	}
+	s, err := status.New(codes.ResourceExhausted, msg).WithDetails(
+		&errdetails.RetryInfo{RetryDelay: durationpb.New(d.RetryAfter)}, qf)
+	if err != nil {
+		return status.Error(codes.ResourceExhausted, msg)
+	}
+	return s.Err()
+}
+
+func violation(d client.Descriptor, l client.Limit) *errdetails.QuotaFailure_Violation {
+	v := &errdetails.QuotaFailure_Violation{Subject: d.String()}
+	if l.Requests != 0 {
+		v.Description = fmt.Sprintf("%d requests per %v", l.Requests, l.Window)
+		if l.Name != "" {
+			v.Description = l.Name + ": " + v.Description
+		}
+	}
+	return v
+}
+
+// Unary returns the unary server interceptor.
+func (l *Limiter) Unary() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		set := func(md metadata.MD) error { return grpc.SetHeader(ctx, md) }
+		if err := l.check(ctx, info.FullMethod, set); err != nil {
+			return nil, err
+		}
+		return handler(ctx, req)
+	}
+}
+
+// Stream returns the stream server interceptor: one decision when the stream opens.
+func (l *Limiter) Stream() grpc.StreamServerInterceptor {
+	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
+		if err := l.check(ss.Context(), info.FullMethod, ss.SetHeader); err != nil {
+			return err
+		}
+		return handler(srv, ss)
+	}
+}

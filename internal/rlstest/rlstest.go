@@ -1,0 +1,280 @@
+// Package rlstest runs the real rls binary for tests: it builds cmd/rls once per test process,
+// starts it on loopback ports the kernel picks, reads the bound addresses from its "rls serving"
+// log line, and stops it when the test ends.
+//
+// The binary is built without the race detector even under go test -race: the tests that use
+// this package check rls's callers, not rls (the integration package runs rls under -race), and
+// a plain build is several times faster to build and to run.
+package rlstest
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/internal/redistest"
+)
+
+var (
+	buildOnce sync.Once
+	binPath   string
+	buildErr  error
+)
+
+// moduleRoot is the module root, two levels above this package.
+func moduleRoot() string {
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Dir(filepath.Dir(filepath.Dir(file)))
+}
+
+// Binary builds cmd/rls once per test process, into a temporary directory, and returns its path.
+func Binary(t testing.TB) string {
+	t.Helper()
+	buildOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "rlstest-bin-")
+		if err != nil {
+			buildErr = err
+			return
+		}
+		binPath = filepath.Join(dir, "rls")
+		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/rls")
+		cmd.Dir = moduleRoot()
+		if out, err := cmd.CombinedOutput(); err != nil {
+			buildErr = fmt.Errorf("go build ./cmd/rls: %v\n%s", err, out)
+		}
+	})
+	if buildErr != nil {
+		t.Fatal(buildErr)
+	}
+	return binPath
+}
+
+// RedisURL is the URL of the single Redis that scripts/test starts; it fails the test, saying
+// how to set it, when it is missing.
+func RedisURL(t testing.TB) string {
+	t.Helper()
+	return redistest.URL(t, redistest.SingleEnv)
+}
+
+// Options says how to start rls.
+type Options struct {
+	// Args are rls serve flags. --grpc-addr and --http-addr are added on 127.0.0.1:0 unless
+	// given; --debug-addr is turned off unless given.
+	Args []string
+	// Env is added to the process environment.
+	Env []string
+	// Rules, when set, is written to a rule file passed as --config (unless Args has --config).
+	Rules string
+}
+
+// Proc is one running rls process.
+type Proc struct {
+	GRPCAddr string // host:port
+	HTTPAddr string // host:port
+
+	cmd     *exec.Cmd
+	out     *syncBuffer
+	done    chan struct{}
+	exitErr error
+	mu      sync.Mutex
+	stopped bool // SIGSTOP sent and not yet resumed
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// servingAddr matches an address in rls's "rls serving" log line (text format).
+var servingAddr = regexp.MustCompile(`\b(grpc|http)=(127\.0\.0\.1:[0-9]+)`)
+
+// Start starts rls with opts, waits until /readyz answers 200, and stops the process when the
+// test ends. It fails the test when rls exits early or is not ready within 30 s.
+func Start(t testing.TB, opts Options) *Proc {
+	t.Helper()
+	bin := Binary(t)
+	args := append([]string(nil), opts.Args...)
+	joined := strings.Join(args, " ")
+	if opts.Rules != "" && !strings.Contains(joined, "--config") {
+		path := filepath.Join(t.TempDir(), "rules.yaml")
+		if err := os.WriteFile(path, []byte(opts.Rules), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "--config", path)
+	}
+	for _, flag := range []string{"--grpc-addr", "--http-addr"} {
+		if !strings.Contains(joined, flag) {
+			args = append(args, flag, "127.0.0.1:0")
+		}
+	}
+	if !strings.Contains(joined, "--debug-addr") {
+		args = append(args, "--debug-addr", "")
+	}
+	args = append(args, "--log-format", "text")
+	p := &Proc{out: &syncBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(bin, args...)
+	p.cmd.Env = append(os.Environ(), opts.Env...)
+	p.cmd.Stdout = p.out
+	p.cmd.Stderr = p.out
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		p.exitErr = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() { p.Stop(t) })
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		select {
+		case <-p.done:
+			t.Fatalf("rls exited early: %v\n%s", p.exitErr, p.out.String())
+		default:
+		}
+		if p.GRPCAddr == "" || p.HTTPAddr == "" {
+			p.readAddrs()
+		}
+		if p.HTTPAddr != "" && p.GRPCAddr != "" && p.ready() {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("rls not ready after 30s\n%s", p.out.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (p *Proc) readAddrs() {
+	for _, line := range strings.Split(p.out.String(), "\n") {
+		if !strings.Contains(line, "rls serving") {
+			continue
+		}
+		for _, m := range servingAddr.FindAllStringSubmatch(line, -1) {
+			switch m[1] {
+			case "grpc":
+				p.GRPCAddr = m[2]
+			case "http":
+				p.HTTPAddr = m[2]
+			}
+		}
+	}
+}
+
+func (p *Proc) ready() bool {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get("http://" + p.HTTPAddr + "/readyz")
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// Pause stops the process with SIGSTOP: it keeps its sockets open and answers nothing, like a
+// process stalled by its host, until Resume.
+func (p *Proc) Pause(t testing.TB) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	p.stopped = true
+	// The signal is delivered asynchronously: wait until every thread is stopped, so that no
+	// call made after Pause returns is answered.
+	deadline := time.Now().Add(10 * time.Second)
+	for !p.allStopped() {
+		if time.Now().After(deadline) {
+			t.Fatal("rls did not stop within 10s of SIGSTOP")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// allStopped reports whether every thread of the process is in state T (stopped), as Linux's
+// /proc shows it; elsewhere it reports true at once.
+func (p *Proc) allStopped() bool {
+	dir := fmt.Sprintf("/proc/%d/task", p.cmd.Process.Pid)
+	tasks, err := os.ReadDir(dir)
+	if err != nil {
+		return true
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(filepath.Join(dir, task.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// The state follows the command name, which is in parentheses and may hold spaces.
+		i := bytes.LastIndexByte(stat, ')')
+		if i < 0 || i+2 >= len(stat) || stat[i+2] != 'T' {
+			return false
+		}
+	}
+	return true
+}
+
+// Resume continues a paused process with SIGCONT.
+func (p *Proc) Resume(t testing.TB) {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.resumeLocked()
+}
+
+func (p *Proc) resumeLocked() {
+	if p.stopped {
+		_ = p.cmd.Process.Signal(syscall.SIGCONT)
+		p.stopped = false
+	}
+}
+
+// Stop resumes the process if paused, sends SIGTERM and waits for it to exit; it fails the test
+// when rls does not exit within 20 s or exits non-zero. Stopping twice is a no-op.
+func (p *Proc) Stop(t testing.TB) {
+	t.Helper()
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	p.mu.Lock()
+	p.resumeLocked()
+	p.mu.Unlock()
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+		t.Errorf("rls did not stop within 20s after SIGTERM\n%s", p.out.String())
+		return
+	}
+	if p.exitErr != nil {
+		t.Errorf("rls exited with %v\n%s", p.exitErr, p.out.String())
+	}
+}
+
+// Output is what the process has printed so far.
+func (p *Proc) Output() string { return p.out.String() }

@@ -26,6 +26,7 @@ const (
 	kindRules   = "rls rules"
 	kindK8s     = "kubernetes manifests"
 	kindCompose = "compose file"
+	kindEG      = "envoy gateway config"
 )
 
 // yamlFiles classifies every *.yaml and *.yml under deploy/ (the current directory).
@@ -52,6 +53,8 @@ func yamlFiles(t *testing.T) map[string][]string {
 			byKind[kindRules] = append(byKind[kindRules], p)
 		case top["static_resources"] != nil:
 			byKind[kindEnvoy] = append(byKind[kindEnvoy], p)
+		case strings.HasPrefix(p, "envoy-gateway"+string(filepath.Separator)):
+			byKind[kindEG] = append(byKind[kindEG], p)
 		case strings.HasPrefix(p, "kubernetes"+string(filepath.Separator)):
 			byKind[kindK8s] = append(byKind[kindK8s], p)
 		case p == "compose.yaml":
@@ -73,6 +76,7 @@ func TestEveryYAMLFileIsChecked(t *testing.T) {
 		kindEnvoy:   {"envoy/envoy-tls.yaml", "envoy/envoy.yaml"},
 		kindRules:   {"envoy/rules/edge.yaml", "envoy/rules/edge_tcp.yaml"},
 		kindCompose: {"compose.yaml"},
+		kindEG:      {"envoy-gateway/envoy-gateway-config.yaml"},
 	}
 	for kind, files := range want {
 		if !slices.Equal(got[kind], files) {

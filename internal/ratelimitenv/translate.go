@@ -190,15 +190,22 @@ func (r *reader) noticeAll(text string, names ...string) {
 
 // fail records an invalid value; the value is shown unless secret.
 func (r *reader) fail(name, want string) {
-	v := r.vars[name]
-	if secret[name] {
+	v, ok := r.vars[name]
+	switch {
+	case !ok:
+		r.errs = append(r.errs, fmt.Errorf("%s (not set: its default %q): %s", name, defaults[name], want))
+		return
+	case secret[name]:
 		v = "xxx"
-	} else if name == "REDIS_URL" {
+	case name == "REDIS_URL":
 		v = redactURL(v)
 	}
 	r.errs = append(r.errs, fmt.Errorf("%s=%q: %s", name, v, want))
 	r.accounted[name] = true
 }
+
+// defaults are envoyproxy/ratelimit's defaults that an error can be about.
+var defaults = map[string]string{"REDIS_URL": "/var/run/nutcracker/ratelimit.sock"}
 
 // secret are the variables whose values are never shown.
 var secret = map[string]bool{
@@ -319,7 +326,6 @@ func (r *reader) rules() {
 		r.fileRules()
 		r.noticeAll("CONFIG_TYPE is FILE: rules come from the runtime directory and no xDS client runs, as in envoyproxy/ratelimit", xdsVars...)
 	case "GRPC_XDS_SOTW":
-		r.accounted["CONFIG_TYPE"] = true
 		r.xdsRules()
 		r.noticeAll("CONFIG_TYPE is GRPC_XDS_SOTW: rules come over xDS and the runtime directory is not read, as in envoyproxy/ratelimit", runtimeVars...)
 	default:
@@ -356,7 +362,7 @@ func (r *reader) fileRules() {
 
 func (r *reader) xdsRules() {
 	server := r.str("CONFIG_GRPC_XDS_SERVER_URL", "localhost:18000")
-	r.set("xds-server", server, "CONFIG_GRPC_XDS_SERVER_URL")
+	r.set("xds-server", server, "CONFIG_TYPE", "CONFIG_GRPC_XDS_SERVER_URL")
 	r.set("xds-node-id", r.str("CONFIG_GRPC_XDS_NODE_ID", "default"), "CONFIG_GRPC_XDS_NODE_ID")
 	if v, ok := r.get("CONFIG_GRPC_XDS_NODE_METADATA"); ok {
 		// envoyproxy/ratelimit keeps the key=value entries and drops the others.
@@ -694,7 +700,8 @@ func (r *reader) grpcTLS() {
 			r.fail("GRPC_SERVER_USE_TLS", "needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY")
 			return
 		}
-		r.pair("GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "grpc-tls-cert", "grpc-tls-key")
+		r.set("grpc-tls-cert", r.vars["GRPC_SERVER_TLS_CERT"], "GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_CERT")
+		r.set("grpc-tls-key", r.vars["GRPC_SERVER_TLS_KEY"], "GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_KEY")
 		if v, ok := r.get("GRPC_CLIENT_TLS_CACERT"); ok {
 			r.set("grpc-tls-client-ca", v, "GRPC_CLIENT_TLS_CACERT")
 		}

@@ -193,7 +193,7 @@ func TestXDSWithoutInitialRules(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			xs := xdstest.Start(t, nil)
 			env := append([]string{"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=" + xs.Addr,
-				"CONFIG_GRPC_XDS_NODE_ID=n1", "BACKEND_TYPE=memory"}, tc.env...)
+				"CONFIG_GRPC_XDS_NODE_ID=n1", "RLS_BACKEND=memory"}, tc.env...)
 			p := launchRLS(t, env)
 			c := p.client(t)
 			code, err := egAsk(t, c, "u")

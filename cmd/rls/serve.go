@@ -25,6 +25,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/ratelimitenv"
 	"github.com/rls-project/rls/internal/service"
 )
 
@@ -71,6 +72,11 @@ type serveConfig struct {
 	metricsPath       string
 	headerNames       service.LegacyHeaderNames
 	ratelimitEnv      bool
+	// compat is what envoyproxy/ratelimit's environment asked; applied are its settings in
+	// force, overridden those a flag or an RLS_* variable set otherwise. Logged at start.
+	compat     ratelimitenv.Result
+	applied    []ratelimitenv.Setting
+	overridden []ratelimitenv.Setting
 }
 
 func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) {
@@ -126,7 +132,61 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 		return c, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
 	c.env = env
+	if c.ratelimitEnv {
+		if err := c.readRatelimitEnv(fs, env); err != nil {
+			return c, err
+		}
+	}
 	return c, nil
+}
+
+// readRatelimitEnv applies envoyproxy/ratelimit's environment, when env holds it, to the flags
+// that neither the command line nor an RLS_* variable set.
+func (c *serveConfig) readRatelimitEnv(fs *flag.FlagSet, env []string) error {
+	res, err := ratelimitenv.Translate(env)
+	if err != nil {
+		return fmt.Errorf("envoyproxy/ratelimit environment (--ratelimit-env=false ignores it): %w", err)
+	}
+	c.compat = res
+	if len(res.Present) == 0 {
+		return nil
+	}
+	explicit := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { explicit[f.Name] = true })
+	for _, kv := range env {
+		if k, _, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "RLS_") {
+			explicit[strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(k, "RLS_"), "_", "-"))] = true
+		}
+	}
+	for _, st := range res.Settings {
+		if explicit[st.Flag] {
+			c.overridden = append(c.overridden, st)
+			continue
+		}
+		if err := fs.Set(st.Flag, st.Value); err != nil {
+			return fmt.Errorf("envoyproxy/ratelimit environment: %s gives --%s=%s: %v", st.From, st.Flag, st.Display(), err)
+		}
+		c.applied = append(c.applied, st)
+	}
+	return nil
+}
+
+// logRatelimitEnv says, once at start, what envoyproxy/ratelimit's environment changed and
+// what of it rls does not do as asked.
+func (c serveConfig) logRatelimitEnv(log *slog.Logger) {
+	if len(c.compat.Present) == 0 {
+		return
+	}
+	log.Info("envoyproxy/ratelimit environment found; reading it (--ratelimit-env=false ignores it)", "variables", strings.Join(c.compat.Present, ","))
+	for _, st := range c.applied {
+		log.Info("envoyproxy/ratelimit setting", "flag", "--"+st.Flag, "value", st.Display(), "from", st.From)
+	}
+	for _, st := range c.overridden {
+		log.Info("envoyproxy/ratelimit setting overridden by rls's own", "flag", "--"+st.Flag, "from", st.From)
+	}
+	for _, n := range c.compat.Notices {
+		log.Warn("envoyproxy/ratelimit setting not applied as given", "variable", n.Var, "instead", n.Text)
+	}
 }
 
 func newLogger(level, format string, w io.Writer) (*slog.Logger, error) {

@@ -78,6 +78,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	if s.log, err = newLogger(c.logLevel, c.logFormat, stderr); err != nil {
 		return nil, err
 	}
+	c.logRatelimitEnv(s.log)
 	headers, err := service.ParseHeaderMode(c.responseHeaders)
 	if err != nil {
 		return nil, fmt.Errorf("--response-headers: %w", err)

@@ -68,7 +68,7 @@ func parsePairs(flag, s string) (map[string]string, error) {
 }
 
 // clientTLS builds a client TLS configuration: an optional client certificate, an optional CA
-// bundle (else the system's roots), an optional server name. With skipName the chain is still
+// bundle added to the system's roots, an optional server name. With skipName the chain is still
 // verified but not the name in it.
 func clientTLS(what, cert, key, ca, serverName string, skipName bool) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: serverName}
@@ -87,7 +87,11 @@ func clientTLS(what, cert, key, ca, serverName string, skipName bool) (*tls.Conf
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
 		}
-		pool := x509.NewCertPool()
+		// Added to the system's roots, as envoyproxy/ratelimit does.
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("%s: %s: no PEM certificates", what, ca)
 		}

@@ -280,18 +280,21 @@ func (r *reader) listeners() {
 }
 
 func (r *reader) logging() {
-	v := r.str("LOG_LEVEL", "WARN")
-	switch strings.ToLower(v) {
-	case "trace", "debug":
-		r.set("log-level", "debug", "LOG_LEVEL")
-	case "info":
-		r.set("log-level", "info", "LOG_LEVEL")
-	case "warn", "warning":
-		r.set("log-level", "warn", "LOG_LEVEL")
-	case "error", "fatal", "panic":
-		r.set("log-level", "error", "LOG_LEVEL")
-	default:
-		r.fail("LOG_LEVEL", "want trace, debug, info, warn, error, fatal or panic")
+	// Only when set: envoyproxy/ratelimit's default, WARN, quietens its own chatty logs; rls's
+	// info lines are few (start, rules loaded, availability changes) and worth keeping.
+	if v, ok := r.get("LOG_LEVEL"); ok {
+		switch strings.ToLower(v) {
+		case "trace", "debug":
+			r.set("log-level", "debug", "LOG_LEVEL")
+		case "info":
+			r.set("log-level", "info", "LOG_LEVEL")
+		case "warn", "warning":
+			r.set("log-level", "warn", "LOG_LEVEL")
+		case "error", "fatal", "panic":
+			r.set("log-level", "error", "LOG_LEVEL")
+		default:
+			r.fail("LOG_LEVEL", "want trace, debug, info, warn, error, fatal or panic")
+		}
 	}
 	if v, ok := r.get("LOG_FORMAT"); ok {
 		// envoyproxy/ratelimit logs JSON for "json" in any case, text for anything else.
@@ -472,7 +475,7 @@ func (r *reader) backend() {
 		r.accounted["BACKEND_TYPE"] = true
 		return
 	default:
-		r.fail("BACKEND_TYPE", "want redis (rls has no memcache backend)")
+		r.fail("BACKEND_TYPE", "want redis or memcache, envoyproxy/ratelimit's values (for rls's memory backend give --backend memory or RLS_BACKEND=memory, which win over this)")
 		return
 	}
 	r.noticeAll("BACKEND_TYPE is redis: memcache settings are not used (rls has no memcache backend)", memcacheVars...)
@@ -492,7 +495,7 @@ func (r *reader) redis() {
 			r.set("redis-tls-ca", v, "REDIS_TLS_CACERT")
 		}
 		if r.has("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION") {
-			r.set("redis-tls-skip-verify", strconv.FormatBool(r.boolean("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)), "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")
+			r.set("redis-tls-skip-hostname-verify", strconv.FormatBool(r.boolean("REDIS_TLS_SKIP_HOSTNAME_VERIFICATION", false)), "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION")
 		}
 	} else {
 		r.noticeAll("REDIS_TLS is not true: the Redis connection is plaintext and this is not used, as in envoyproxy/ratelimit", redisTLSVars...)

@@ -268,7 +268,7 @@ func TestSettings(t *testing.T) {
 	}{
 		{"file defaults", []string{"USE_STATSD=false"}, map[string]string{
 			"config": "/srv/runtime_data/current/config", "config-all-files": "true", "config-dot-files": "true",
-			"backend": "redis", "redis-url": "unix:///var/run/nutcracker/ratelimit.sock", "log-level": "warn",
+			"backend": "redis", "redis-url": "unix:///var/run/nutcracker/ratelimit.sock", "log-level": "",
 			"debug-addr": "0.0.0.0:6070", "http-addr": "0.0.0.0:8080", "grpc-addr": "0.0.0.0:8081",
 			"xds-server": "", "metrics-addr": "", "log-format": "", "redis-local-cache-size": "",
 		}},
@@ -288,7 +288,7 @@ func TestSettings(t *testing.T) {
 			map[string]string{"redis-url": "unix://u:p@/run/redis.sock"}},
 		{"url passes through", []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=redis://r:6379/2"}, map[string]string{"redis-url": "redis://r:6379/2"}},
 		{"url with tls and auth", []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=redis://r:6379", "REDIS_TLS=true", "REDIS_AUTH=pw", "REDIS_TLS_CACERT=/ca.pem", "REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=true"},
-			map[string]string{"redis-url": "rediss://:pw@r:6379", "redis-tls-ca": "/ca.pem", "redis-tls-skip-verify": "true"}},
+			map[string]string{"redis-url": "rediss://:pw@r:6379", "redis-tls-ca": "/ca.pem", "redis-tls-skip-hostname-verify": "true"}},
 		{"rediss url", []string{"REDIS_TYPE=SINGLE", "REDIS_URL=rediss://r:6380", "REDIS_TLS_CLIENT_CERT=/c", "REDIS_TLS_CLIENT_KEY=/k"},
 			map[string]string{"redis-url": "rediss://r:6380", "redis-tls-cert": "/c", "redis-tls-key": "/k"}},
 		{"tls files without tls", []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=r:6379", "REDIS_TLS_CACERT=/ca"},

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -67,7 +69,8 @@ func egAdmitted(t *testing.T, c rlsv3.RateLimitServiceClient, user string, n int
 }
 
 // envoyGatewayEnv is the environment Envoy Gateway gives its rate-limit deployment
-// (internal/infrastructure/kubernetes/ratelimit), with its Redis and xDS server here.
+// (internal/infrastructure/kubernetes/ratelimit), with its Redis and xDS server here: as its
+// earlier releases give it (statsd) and, with TLS, as its current ones do (below).
 func envoyGatewayEnv(redisAddr, xdsAddr string) []string {
 	return []string{
 		"RUNTIME_ROOT=/data", "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_IGNOREDOTFILES=true", "RUNTIME_WATCH_ROOT=false",
@@ -104,7 +107,14 @@ func TestEnvoyGatewayEnvironment(t *testing.T) {
 			if withTLS {
 				xdsAddr = strings.Replace(xdsAddr, "127.0.0.1", "localhost", 1)
 				env = envoyGatewayEnv(r.Addr(), xdsAddr)
-				env = append(env,
+				env = slices.DeleteFunc(env, func(kv string) bool {
+					return strings.HasPrefix(kv, "USE_STATSD=") || strings.HasPrefix(kv, "STATSD_PORT=")
+				})
+				env = append(env, "USE_STATSD=false",
+					"USE_PROMETHEUS=true", "PROMETHEUS_ADDR=:19001", "PROMETHEUS_MAPPER_YAML=/etc/statsd-exporter/conf.yaml",
+					// The one addition: the metrics listener on a free port, not 19001, which
+					// another process on this machine may hold. RLS_* wins over PROMETHEUS_ADDR.
+					"RLS_METRICS_ADDR=127.0.0.1:0",
 					"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT="+pki.serverCert, "GRPC_SERVER_TLS_KEY="+pki.serverKey,
 					"GRPC_SERVER_TLS_CA_CERT="+pki.caFile,
 					"CONFIG_GRPC_XDS_SERVER_USE_TLS=true", "CONFIG_GRPC_XDS_CLIENT_TLS_CERT="+pki.clientCert,
@@ -169,6 +179,16 @@ func TestEnvoyGatewayEnvironment(t *testing.T) {
 			// The limits are kept in Redis, under the default key prefix.
 			if n := redisKeys(t, r.Addr(), "*"); n == 0 {
 				t.Error("no key in Redis: the decisions were not made there")
+			}
+			if withTLS {
+				// USE_PROMETHEUS: metrics on their own listener too.
+				m := regexp.MustCompile(`metrics_http=(127\.0\.0\.1:[0-9]+)`).FindStringSubmatch(p.Output())
+				if m == nil {
+					t.Fatalf("no metrics listener in the log:\n%s", p.Output())
+				}
+				if code, body := get(t, "http://"+m[1]+"/metrics"); code != 200 || !strings.Contains(body, "rls_decisions_total") {
+					t.Errorf("metrics listener: %d, %d bytes", code, len(body))
+				}
 			}
 			hc := healthpb.NewHealthClient(conn)
 			if resp, err := hc.Check(ctxT(t), &healthpb.HealthCheckRequest{Service: "ratelimit"}); err != nil || resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {

@@ -250,6 +250,9 @@ func grpcCredentials(c serveConfig) (grpc.ServerOption, error) {
 		if c.tlsClientCA != "" {
 			return nil, errors.New("--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key")
 		}
+		if c.tlsClientSAN != "" {
+			return nil, errors.New("--grpc-tls-client-san needs --grpc-tls-client-ca, --grpc-tls-cert and --grpc-tls-key")
+		}
 		return nil, nil
 	}
 	cert, err := tls.LoadX509KeyPair(c.tlsCert, c.tlsKey)

@@ -97,12 +97,14 @@ local function interval(n, L)
 end
 
 -- limit is a limit with what every decision under it needs: {rate, period, burst, pq, pr,
--- full_us, full_frac}, where period = pq*rate + pr, so that one emission interval is (pq, pr),
--- and a full burst is (full_us, full_frac).
+-- full_us, full_frac, one_us, one_frac}, where period = pq*rate + pr, so that one emission
+-- interval is (pq, pr), a full burst is (full_us, full_frac) and the cost of one request
+-- (one_us, one_frac).
 local function limit(rate, period, burst)
   local pq, pr = divmod(period, rate)
-  local L = {rate, period, burst, pq, pr, 0, 0}
+  local L = {rate, period, burst, pq, pr, 0, 0, 0, 0}
   L[6], L[7] = interval(burst, L)
+  L[8], L[9] = interval(1, L)
   return L
 end
 
@@ -181,7 +183,26 @@ end
 -- decide is gcra.go's Decide: the new state (s itself when denied) and the decision.
 local function decide(s, L, now, cost)
   local rate = L[1]
-  local tus, tf = current(s, L, now)
+  local tus, tf
+  if not s or s[1] < now or (s[1] == now and s[2] == 0) then
+    -- Fresh (as fresh() says, inlined): the key holds no usage, so a full burst remains and any
+    -- cost within it is admitted. The common case, taken without the general arithmetic.
+    if cost <= L[3] then
+      local cus, cf
+      if cost == 1 then
+        cus, cf = L[8], L[9]
+      else
+        if cost < 0 then
+          cost = 0
+        end
+        cus, cf = interval(cost, L)
+      end
+      return {now + cus, cf, rate, L[2]}, 1, L[3] - cost, 0, ceil_us(cus, cf)
+    end
+    tus, tf = now, 0
+  else
+    tus, tf = current(s, L, now)
+  end
   local aus, af = add(now, 0, L[6], L[7], rate)
   local hus, hf = sub(aus, af, tus, tf, rate)
   local remaining = count(hus, hf, L)

@@ -42,6 +42,7 @@
 local MAX_TOLERANCE = 100 * 365 * 24 * 3600 * 1000000
 local TWO53 = 9007199254740992
 local floor = math.floor
+local unpack_list = unpack
 local unpack = struct.unpack
 local pack = struct.pack
 local call = redis.call
@@ -242,8 +243,8 @@ local function refund(s, L, now, cost)
   return {tus, tf, rate, L[2]}, 1, count(hus, hf, L), 0, ceil_us(sub(tus, tf, now, 0, rate))
 end
 
-local function load(key)
-  local v = call("GET", key)
+-- parse reads a stored value (nil: none).
+local function parse(v)
   if not v then
     return false
   end
@@ -259,6 +260,10 @@ local function load(key)
     return false -- not a state rls wrote
   end
   return {tonumber(a), tonumber(b), tonumber(c), tonumber(d)}
+end
+
+local function load(key)
+  return parse(call("GET", key))
 end
 
 local function store(key, s, existed, now)
@@ -332,6 +337,23 @@ local function state(key)
     states[key], stored[key] = s, s
   end
   return s
+end
+
+-- prefetch reads every key's state with MGET, in chunks that unpack can pass: one command for
+-- the whole call instead of a GET per key. (MGET reads a key of another type as none; the SET
+-- that stores a state would overwrite it anyway.)
+local function prefetch()
+  for i = 1, #KEYS, 1000 do
+    local j = math.min(i + 999, #KEYS)
+    local vals = call("MGET", unpack_list(KEYS, i, j))
+    for k = i, j do
+      local key = KEYS[k]
+      if states[key] == nil then
+        local s = parse(vals[k - i + 1])
+        states[key], stored[key] = s, s
+      end
+    end
+  end
 end
 
 -- out collects the reply's packed parts; nout is its length.
@@ -453,6 +475,9 @@ local function batch(k0, args, quota_refuse, multi)
   return n
 end
 
+if #KEYS > 1 then
+  prefetch() -- a lone key is cheaper with GET
+end
 if op == "m" then
   local k0 = 0
   for b = 3, #ARGV, 2 do

@@ -42,6 +42,7 @@
 local MAX_TOLERANCE = 100 * 365 * 24 * 3600 * 1000000
 local TWO53 = 9007199254740992
 local floor = math.floor
+local unpack_list = unpack
 local unpack = struct.unpack
 local pack = struct.pack
 local call = redis.call
@@ -97,12 +98,14 @@ local function interval(n, L)
 end
 
 -- limit is a limit with what every decision under it needs: {rate, period, burst, pq, pr,
--- full_us, full_frac}, where period = pq*rate + pr, so that one emission interval is (pq, pr),
--- and a full burst is (full_us, full_frac).
+-- full_us, full_frac, one_us, one_frac}, where period = pq*rate + pr, so that one emission
+-- interval is (pq, pr), a full burst is (full_us, full_frac) and the cost of one request
+-- (one_us, one_frac).
 local function limit(rate, period, burst)
   local pq, pr = divmod(period, rate)
-  local L = {rate, period, burst, pq, pr, 0, 0}
+  local L = {rate, period, burst, pq, pr, 0, 0, 0, 0}
   L[6], L[7] = interval(burst, L)
+  L[8], L[9] = interval(1, L)
   return L
 end
 
@@ -181,7 +184,26 @@ end
 -- decide is gcra.go's Decide: the new state (s itself when denied) and the decision.
 local function decide(s, L, now, cost)
   local rate = L[1]
-  local tus, tf = current(s, L, now)
+  local tus, tf
+  if not s or s[1] < now or (s[1] == now and s[2] == 0) then
+    -- Fresh (as fresh() says, inlined): the key holds no usage, so a full burst remains and any
+    -- cost within it is admitted. The common case, taken without the general arithmetic.
+    if cost <= L[3] then
+      local cus, cf
+      if cost == 1 then
+        cus, cf = L[8], L[9]
+      else
+        if cost < 0 then
+          cost = 0
+        end
+        cus, cf = interval(cost, L)
+      end
+      return {now + cus, cf, rate, L[2]}, 1, L[3] - cost, 0, ceil_us(cus, cf)
+    end
+    tus, tf = now, 0
+  else
+    tus, tf = current(s, L, now)
+  end
   local aus, af = add(now, 0, L[6], L[7], rate)
   local hus, hf = sub(aus, af, tus, tf, rate)
   local remaining = count(hus, hf, L)
@@ -221,8 +243,8 @@ local function refund(s, L, now, cost)
   return {tus, tf, rate, L[2]}, 1, count(hus, hf, L), 0, ceil_us(sub(tus, tf, now, 0, rate))
 end
 
-local function load(key)
-  local v = call("GET", key)
+-- parse reads a stored value (nil: none).
+local function parse(v)
   if not v then
     return false
   end
@@ -238,6 +260,10 @@ local function load(key)
     return false -- not a state rls wrote
   end
   return {tonumber(a), tonumber(b), tonumber(c), tonumber(d)}
+end
+
+local function load(key)
+  return parse(call("GET", key))
 end
 
 local function store(key, s, existed, now)
@@ -311,6 +337,23 @@ local function state(key)
     states[key], stored[key] = s, s
   end
   return s
+end
+
+-- prefetch reads every key's state with MGET, in chunks that unpack can pass: one command for
+-- the whole call instead of a GET per key. (MGET reads a key of another type as none; the SET
+-- that stores a state would overwrite it anyway.)
+local function prefetch()
+  for i = 1, #KEYS, 1000 do
+    local j = math.min(i + 999, #KEYS)
+    local vals = call("MGET", unpack_list(KEYS, i, j))
+    for k = i, j do
+      local key = KEYS[k]
+      if states[key] == nil then
+        local s = parse(vals[k - i + 1])
+        states[key], stored[key] = s, s
+      end
+    end
+  end
 end
 
 -- out collects the reply's packed parts; nout is its length.
@@ -432,6 +475,9 @@ local function batch(k0, args, quota_refuse, multi)
   return n
 end
 
+if #KEYS > 1 then
+  prefetch() -- a lone key is cheaper with GET
+end
 if op == "m" then
   local k0 = 0
   for b = 3, #ARGV, 2 do

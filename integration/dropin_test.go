@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -235,6 +236,18 @@ func TestXDSWithoutInitialRules(t *testing.T) {
 			}
 			if got := egAdmitted(t, c, "u", 3); got != 1 {
 				t.Errorf("1/hour: %d of 3 admitted", got)
+			}
+			// SIGHUP, which reloads rule files, must not end a process whose rules come over xDS.
+			if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+				t.Fatal(err)
+			}
+			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.Output(), "nothing to reload"); time.Sleep(10 * time.Millisecond) {
+				if time.Now().After(deadline) {
+					t.Fatalf("no word of the SIGHUP:\n%s", p.Output())
+				}
+			}
+			if got := egAdmitted(t, c, "u", 1); got != 0 {
+				t.Errorf("after SIGHUP: %d admitted, want the rules still in force", got)
 			}
 		})
 	}

@@ -23,11 +23,15 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	config := fs.String("config", "", "rule file or directory of *.yaml/*.yml rule files (or give it as the argument)")
+	var opts descriptors.Options
+	fs.BoolVar(&opts.AllFiles, "config-all-files", false, "every file of the directory and of its subdirectories, as serve's --config-all-files")
+	fs.BoolVar(&opts.DotFiles, "config-dot-files", false, "also files whose names start with '.', as serve's --config-dot-files")
+	fs.BoolVar(&opts.MergeDomains, "merge-domains", false, "merge files that define the same domain, as serve's --merge-domains")
 	usage := func() error {
 		fmt.Fprintln(stderr, "usage: rls validate PATH, or rls validate --config PATH (a rule file or a directory of *.yaml/*.yml files)")
 		return errUsage
 	}
-	fs.Usage = func() { usage() }
+	fs.Usage = func() { usage(); fs.PrintDefaults() }
 	if err := fs.Parse(args); err != nil {
 		return errUsage
 	}
@@ -39,7 +43,7 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	default:
 		return usage()
 	}
-	rs, err := loadRules(path, descriptors.Options{})
+	rs, err := loadRules(path, opts)
 	if err != nil {
 		return err
 	}

@@ -171,6 +171,17 @@ func (c *serveConfig) readRatelimitEnv(fs *flag.FlagSet, env []string) error {
 	return nil
 }
 
+// fromRatelimitEnv says, for an error, which envoyproxy/ratelimit variables gave flag; "" when
+// none did.
+func (c serveConfig) fromRatelimitEnv(flag string) string {
+	for _, st := range c.applied {
+		if st.Flag == flag {
+			return fmt.Sprintf(" (--%s from %s)", flag, st.From)
+		}
+	}
+	return ""
+}
+
 // logRatelimitEnv says, once at start, what envoyproxy/ratelimit's environment changed and
 // what of it rls does not do as asked.
 func (c serveConfig) logRatelimitEnv(log *slog.Logger) {

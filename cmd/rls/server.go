@@ -96,7 +96,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 		return nil, errors.New("--debug serves pprof on the debug listener: it needs --debug-addr")
 	}
 	if s.rules, err = c.initialRules(); err != nil {
-		return nil, fmt.Errorf("loading rules: %w", err)
+		return nil, fmt.Errorf("loading rules%s: %w", c.fromRatelimitEnv("config"), err)
 	}
 	if s.tracing, err = setupTracing(ctx, c.env, s.log); err != nil {
 		return nil, err
@@ -128,11 +128,18 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	// still reload, not kill the process with the signal's default action.
 	var rctx context.Context
 	rctx, s.stopReload = context.WithCancel(context.WithoutCancel(ctx))
+	path, apply := c.config, s.applyRules
 	if c.fromXDS() {
 		if s.xds, err = newXDS(c, s.applyXDS, s); err != nil {
 			return nil, err
 		}
-	} else if err := startReload(rctx, c.reload, c.config, s.applyRules, s.log); err != nil {
+		// SIGHUP must not kill the process (its default action); there is no file to read.
+		path, apply = "", func() error {
+			s.log.Info("SIGHUP: the rules come over xDS; nothing to reload", "rules", rulesSource(c))
+			return nil
+		}
+	}
+	if err := startReload(rctx, c.reload, path, apply, s.log); err != nil {
 		return nil, err
 	}
 

@@ -132,3 +132,27 @@ func TestRulesFromConfigs(t *testing.T) {
 		t.Errorf("empty domain: %v, want an error naming xds:e", err)
 	}
 }
+
+// TestRulesHostileConfigs: values YAML would misread are carried as data, and what the loader
+// rejects comes back as an error naming the resource, never a panic.
+func TestRulesHostileConfigs(t *testing.T) {
+	odd := "a: b\n- c # \"d\" 'e' {f} [g] &h *i !j %k @l `m` \x00"
+	c := &rlconfv3.RateLimitConfig{Name: "odd", Domain: odd, Descriptors: []*rlconfv3.RateLimitDescriptor{
+		{Key: odd, Value: odd, RateLimit: &rlconfv3.RateLimitPolicy{Unit: rlconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 1}},
+	}}
+	rs, err := xds.Rules([]*rlconfv3.RateLimitConfig{c}, descriptors.Options{})
+	if err != nil {
+		t.Fatalf("odd characters: %v", err)
+	}
+	if r := rs.Match(odd, []descriptors.Entry{{Key: odd, Value: odd}}); r == nil {
+		t.Error("a key and value with YAML syntax in them did not round-trip")
+	}
+	deep := &rlconfv3.RateLimitDescriptor{Key: "k", RateLimit: &rlconfv3.RateLimitPolicy{Unit: rlconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 1}}
+	for range descriptors.MaxDepth + 5 {
+		deep = &rlconfv3.RateLimitDescriptor{Key: "k", Descriptors: []*rlconfv3.RateLimitDescriptor{deep}}
+	}
+	_, err = xds.Rules([]*rlconfv3.RateLimitConfig{{Name: "deep", Domain: "d", Descriptors: []*rlconfv3.RateLimitDescriptor{deep}}}, descriptors.Options{})
+	if err == nil || !strings.Contains(err.Error(), "xds:deep:") || !strings.Contains(err.Error(), "deeper") {
+		t.Errorf("nesting past MaxDepth: %v", err)
+	}
+}

@@ -200,9 +200,14 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	return s, nil
 }
 
-// applyRules swaps in a freshly loaded rule set, whole or not at all.
+// applyRules loads the rule files again and swaps them in, whole or not at all.
 func (s *server) applyRules() error {
-	rs, err := loadRules(s.cfg.config, s.cfg.rulesOptions())
+	return s.swapRules(loadRules(s.cfg.config, s.cfg.rulesOptions()))
+}
+
+// swapRules puts rs in force, or with err keeps the rules in force and returns err: the one
+// end of every reload, from files or xDS.
+func (s *server) swapRules(rs *descriptors.RuleSet, err error) error {
 	if err != nil {
 		s.svc.RulesRejected()
 		s.log.Error("rules rejected; the running rules stay in force", "rules", rulesSource(s.cfg), "err", err)
@@ -212,6 +217,9 @@ func (s *server) applyRules() error {
 	// A cached denial was computed under the old limits; state itself is clamped per key.
 	if p, ok := s.be.(backend.CachePurger); ok {
 		p.PurgeCache()
+	}
+	if s.ready != nil {
+		s.ready.rulesLoaded()
 	}
 	gen, _ := s.svc.Generation()
 	s.log.Info("rules loaded", "rules", rulesSource(s.cfg), "generation", gen, "domains", len(rs.Domains), "files", len(rs.Files))

@@ -12,7 +12,6 @@ import (
 
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
-	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/xds"
 )
 
@@ -144,18 +143,5 @@ func newXDS(c serveConfig, apply func([]*rlconfv3.RateLimitConfig) error, s *ser
 // applyXDS swaps in the rules of an xDS snapshot, whole, or returns why not (the server is
 // told, and the rules in force stay).
 func (s *server) applyXDS(configs []*rlconfv3.RateLimitConfig) error {
-	rs, err := xds.Rules(configs, s.cfg.rulesOptions())
-	if err != nil {
-		s.svc.RulesRejected()
-		s.log.Error("rules rejected; the running rules stay in force", "rules", rulesSource(s.cfg), "err", err)
-		return err
-	}
-	s.svc.SetRules(rs)
-	if p, ok := s.be.(backend.CachePurger); ok {
-		p.PurgeCache()
-	}
-	s.ready.rulesLoaded()
-	gen, _ := s.svc.Generation()
-	s.log.Info("rules loaded", "rules", rulesSource(s.cfg), "generation", gen, "domains", len(rs.Domains), "configs", len(configs))
-	return nil
+	return s.swapRules(xds.Rules(configs, s.cfg.rulesOptions()))
 }

@@ -324,3 +324,29 @@ func redisKeys(t *testing.T, addr, pattern string) int {
 	}
 	return len(keys)
 }
+
+// TestRatelimitRedisCluster: REDIS_TYPE=cluster with REDIS_URL as envoyproxy/ratelimit takes it,
+// host:port,host:port, decides against the real Cluster.
+func TestRatelimitRedisCluster(t *testing.T) {
+	nodes := strings.TrimPrefix(redistest.URL(t, redistest.ClusterEnv), "redis-cluster://")
+	dir := writeRules(t, map[string]string{"c.yaml": "domain: cl\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 3}\n"})
+	p := startRLS(t, []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_TYPE=cluster", "REDIS_URL=" + nodes,
+		"USE_STATSD=false", "CACHE_KEY_PREFIX=" + t.Name() + fmt.Sprint(time.Now().UnixNano()) + "_"}, "--config", dir)
+	c := p.client(t)
+	ok := 0
+	for range 5 {
+		resp, err := c.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "cl", Descriptors: []*ratelimitv3.RateLimitDescriptor{d("user", "u")}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+			ok++
+		}
+	}
+	if ok != 3 {
+		t.Errorf("3/hour over the Cluster: %d of 5 admitted", ok)
+	}
+	if !strings.Contains(p.Output(), "redis=\"cluster ") {
+		t.Errorf("not a Cluster client:\n%s", p.Output())
+	}
+}

@@ -2,17 +2,13 @@
 package integration
 
 import (
-	"bytes"
 	"context"
-	"fmt"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"runtime"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,12 +16,8 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
-)
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
+	"github.com/rls-project/rls/internal/rlstest"
 )
 
 // repoRoot is the module root, one level above this package.
@@ -34,31 +26,11 @@ func repoRoot() string {
 	return filepath.Dir(filepath.Dir(file))
 }
 
-// rlsBinary builds cmd/rls once per test run and returns its path.
+// rlsBinary builds cmd/rls once per test run, with the race detector when the tests run with
+// it, and returns its path.
 func rlsBinary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "rls-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "rls")
-		args := []string{"build", "-o", binPath}
-		if raceEnabled {
-			args = append(args, "-race")
-		}
-		cmd := exec.Command("go", append(args, "./cmd/rls")...)
-		cmd.Dir = repoRoot()
-		out, err := cmd.CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/rls: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
-	}
-	return binPath
+	return rlstest.BuildBinary(t, raceEnabled)
 }
 
 // rlsProc is one running rls process.
@@ -67,26 +39,9 @@ type rlsProc struct {
 	HTTPAddr  string // host:port
 	DebugAddr string // host:port of the debug listener; "" when args turned it off
 	cmd       *exec.Cmd
-	out       *syncBuffer
+	out       *rlstest.Buffer
 	done      chan struct{}
 	exitErr   error
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startRLS starts the rls binary with args (plus --grpc-addr, --http-addr and --debug-addr on
@@ -105,7 +60,7 @@ func startRLS(t testing.TB, env []string, args ...string) *rlsProc {
 func launchRLS(t testing.TB, env []string, args ...string) *rlsProc {
 	t.Helper()
 	bin := rlsBinary(t)
-	p := &rlsProc{out: &syncBuffer{}, done: make(chan struct{})}
+	p := &rlsProc{out: &rlstest.Buffer{}, done: make(chan struct{})}
 	joined := strings.Join(args, " ")
 	wanted := map[string]*string{}
 	for flag, addr := range map[string]*string{"--grpc-addr": &p.GRPCAddr, "--http-addr": &p.HTTPAddr, "--debug-addr": &p.DebugAddr} {
@@ -172,22 +127,15 @@ func (p *rlsProc) waitReady(t testing.TB) {
 	}
 }
 
-// servingAddr matches an address in rls's "rls serving" log line, text or JSON.
-var servingAddr = regexp.MustCompile(`"?(grpc|http|debug_http)"?[=:]"?(127\.0\.0\.1:[0-9]+)`)
-
 // boundAddrs fills the addresses wanted (by flag) from the "rls serving" line once it is out,
 // removing each it found.
 func (p *rlsProc) boundAddrs(wanted map[string]*string) {
-	for _, line := range strings.Split(p.out.String(), "\n") {
-		if !strings.Contains(line, "rls serving") {
-			continue
-		}
-		for _, m := range servingAddr.FindAllStringSubmatch(line, -1) {
-			flag := map[string]string{"grpc": "--grpc-addr", "http": "--http-addr", "debug_http": "--debug-addr"}[m[1]]
-			if addr, ok := wanted[flag]; ok {
-				*addr = m[2]
-				delete(wanted, flag)
-			}
+	listener := map[string]string{"--grpc-addr": "grpc", "--http-addr": "http", "--debug-addr": "debug_http"}
+	addrs := rlstest.ServingAddrs(p.out.String())
+	for flag, addr := range wanted {
+		if a, ok := addrs[listener[flag]]; ok {
+			*addr = a
+			delete(wanted, flag)
 		}
 	}
 }

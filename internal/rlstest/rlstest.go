@@ -25,11 +25,12 @@ import (
 	"github.com/rls-project/rls/internal/redistest"
 )
 
-var (
-	buildOnce sync.Once
-	binPath   string
-	buildErr  error
-)
+// builds are the binaries built so far in this test process, by race detector on or off.
+var builds struct {
+	mu   sync.Mutex
+	path map[bool]string
+	err  map[bool]error
+}
 
 // moduleRoot is the module root, two levels above this package.
 func moduleRoot() string {
@@ -40,23 +41,78 @@ func moduleRoot() string {
 // Binary builds cmd/rls once per test process, into a temporary directory, and returns its path.
 func Binary(t testing.TB) string {
 	t.Helper()
-	buildOnce.Do(func() {
-		dir, err := os.MkdirTemp("", "rlstest-bin-")
-		if err != nil {
-			buildErr = err
-			return
-		}
-		binPath = filepath.Join(dir, "rls")
-		cmd := exec.Command("go", "build", "-o", binPath, "./cmd/rls")
-		cmd.Dir = moduleRoot()
-		if out, err := cmd.CombinedOutput(); err != nil {
-			buildErr = fmt.Errorf("go build ./cmd/rls: %v\n%s", err, out)
-		}
-	})
-	if buildErr != nil {
-		t.Fatal(buildErr)
+	return BuildBinary(t, false)
+}
+
+// BuildBinary builds cmd/rls, with the race detector when race is set, once per test process
+// for each, and returns its path.
+func BuildBinary(t testing.TB, race bool) string {
+	t.Helper()
+	builds.mu.Lock()
+	defer builds.mu.Unlock()
+	if builds.path == nil {
+		builds.path, builds.err = map[bool]string{}, map[bool]error{}
 	}
-	return binPath
+	if p, ok := builds.path[race]; ok {
+		return p
+	}
+	if err := builds.err[race]; err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp("", "rlstest-bin-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(dir, "rls")
+	args := []string{"build", "-o", bin}
+	if race {
+		args = append(args, "-race")
+	}
+	cmd := exec.Command("go", append(args, "./cmd/rls")...)
+	cmd.Dir = moduleRoot()
+	if out, err := cmd.CombinedOutput(); err != nil {
+		builds.err[race] = fmt.Errorf("go build ./cmd/rls: %v\n%s", err, out)
+		t.Fatal(builds.err[race])
+	}
+	builds.path[race] = bin
+	return bin
+}
+
+// Buffer collects a process's output; it is safe for concurrent use.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// servingAddr matches an address in rls's "rls serving" log line, text or JSON.
+var servingAddr = regexp.MustCompile(`"?(grpc|http|debug_http|metrics_http)"?[=:]"?(127\.0\.0\.1:[0-9]+)`)
+
+// ServingAddrs reads the addresses rls reports having bound from its "rls serving" log line in
+// output, by listener: "grpc", "http", "debug_http", "metrics_http". It is empty until the line
+// is out.
+func ServingAddrs(output string) map[string]string {
+	addrs := map[string]string{}
+	for _, line := range strings.Split(output, "\n") {
+		if !strings.Contains(line, "rls serving") {
+			continue
+		}
+		for _, m := range servingAddr.FindAllStringSubmatch(line, -1) {
+			addrs[m[1]] = m[2]
+		}
+	}
+	return addrs
 }
 
 // RedisURL is the URL of the single Redis that scripts/test starts; it fails the test, saying
@@ -83,32 +139,12 @@ type Proc struct {
 	HTTPAddr string // host:port
 
 	cmd     *exec.Cmd
-	out     *syncBuffer
+	out     *Buffer
 	done    chan struct{}
 	exitErr error
 	mu      sync.Mutex
 	stopped bool // SIGSTOP sent and not yet resumed
 }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-// servingAddr matches an address in rls's "rls serving" log line (text format).
-var servingAddr = regexp.MustCompile(`\b(grpc|http)=(127\.0\.0\.1:[0-9]+)`)
 
 // Start starts rls with opts, waits until /readyz answers 200, and stops the process when the
 // test ends. It fails the test when rls exits early or is not ready within 30 s.
@@ -133,7 +169,7 @@ func Start(t testing.TB, opts Options) *Proc {
 		args = append(args, "--debug-addr", "")
 	}
 	args = append(args, "--log-format", "text")
-	p := &Proc{out: &syncBuffer{}, done: make(chan struct{})}
+	p := &Proc{out: &Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
 	p.cmd.Env = append(os.Environ(), opts.Env...)
 	p.cmd.Stdout = p.out
@@ -167,19 +203,8 @@ func Start(t testing.TB, opts Options) *Proc {
 }
 
 func (p *Proc) readAddrs() {
-	for _, line := range strings.Split(p.out.String(), "\n") {
-		if !strings.Contains(line, "rls serving") {
-			continue
-		}
-		for _, m := range servingAddr.FindAllStringSubmatch(line, -1) {
-			switch m[1] {
-			case "grpc":
-				p.GRPCAddr = m[2]
-			case "http":
-				p.HTTPAddr = m[2]
-			}
-		}
-	}
+	addrs := ServingAddrs(p.out.String())
+	p.GRPCAddr, p.HTTPAddr = addrs["grpc"], addrs["http"]
 }
 
 func (p *Proc) ready() bool {

@@ -1,18 +1,20 @@
 package xds
 
 import (
+	"encoding/json"
 	"fmt"
 	"strings"
 
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/rls-project/rls/internal/descriptors"
 )
 
 // Rules builds a rule set from a snapshot's RateLimitConfigs. Each becomes a rule file named
-// "xds:<name>" in envoyproxy/ratelimit's YAML format, loaded by the same loader as files on
-// disk, so that its checks and error messages (file:line, the descriptor's path) are the same.
+// "xds:<name>" in envoyproxy/ratelimit's format, loaded by the same loader as files on disk, so
+// that its checks and error messages (file:line, the descriptor's path) are the same. The file
+// is written as indented JSON, which is YAML too: encoding/json writes it several times faster
+// than a YAML encoder, with one field per line for the loader's line numbers.
 func Rules(configs []*rlconfv3.RateLimitConfig, opts descriptors.Options) (*descriptors.RuleSet, error) {
 	files := make(map[string][]byte, len(configs))
 	for i, c := range configs {
@@ -23,7 +25,7 @@ func Rules(configs []*rlconfv3.RateLimitConfig, opts descriptors.Options) (*desc
 		if _, dup := files[name]; dup {
 			return nil, fmt.Errorf("%s: two RateLimitConfigs have this name", name)
 		}
-		data, err := yaml.Marshal(ruleFile{Domain: c.GetDomain(), Descriptors: toDescriptors(c.GetDescriptors())})
+		data, err := json.MarshalIndent(ruleFile{Domain: c.GetDomain(), Descriptors: toDescriptors(c.GetDescriptors())}, "", " ")
 		if err != nil {
 			return nil, fmt.Errorf("%s: %v", name, err)
 		}
@@ -32,31 +34,31 @@ func Rules(configs []*rlconfv3.RateLimitConfig, opts descriptors.Options) (*desc
 	return descriptors.ParseWith(files, opts)
 }
 
-// The YAML rule format, as much of it as RateLimitConfig carries; empty fields are left out.
+// The rule format, as much of it as RateLimitConfig carries; empty fields are left out.
 type ruleFile struct {
-	Domain      string       `yaml:"domain"`
-	Descriptors []descriptor `yaml:"descriptors"`
+	Domain      string       `json:"domain"`
+	Descriptors []descriptor `json:"descriptors"`
 }
 
 type descriptor struct {
-	Key            string       `yaml:"key"`
-	Value          string       `yaml:"value,omitempty"`
-	RateLimit      *rateLimit   `yaml:"rate_limit,omitempty"`
-	Descriptors    []descriptor `yaml:"descriptors,omitempty"`
-	ShadowMode     bool         `yaml:"shadow_mode,omitempty"`
-	DetailedMetric bool         `yaml:"detailed_metric,omitempty"`
+	Key            string       `json:"key"`
+	Value          string       `json:"value,omitempty"`
+	RateLimit      *rateLimit   `json:"rate_limit,omitempty"`
+	Descriptors    []descriptor `json:"descriptors,omitempty"`
+	ShadowMode     bool         `json:"shadow_mode,omitempty"`
+	DetailedMetric bool         `json:"detailed_metric,omitempty"`
 }
 
 type rateLimit struct {
-	Unit            string    `yaml:"unit,omitempty"`
-	RequestsPerUnit *uint32   `yaml:"requests_per_unit,omitempty"`
-	Unlimited       bool      `yaml:"unlimited,omitempty"`
-	Name            string    `yaml:"name,omitempty"`
-	Replaces        []replace `yaml:"replaces,omitempty"`
+	Unit            string    `json:"unit,omitempty"`
+	RequestsPerUnit *uint32   `json:"requests_per_unit,omitempty"`
+	Unlimited       bool      `json:"unlimited,omitempty"`
+	Name            string    `json:"name,omitempty"`
+	Replaces        []replace `json:"replaces,omitempty"`
 }
 
 type replace struct {
-	Name string `yaml:"name"`
+	Name string `json:"name"`
 }
 
 func toDescriptors(ds []*rlconfv3.RateLimitDescriptor) []descriptor {

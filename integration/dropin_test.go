@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -348,5 +349,57 @@ func TestRatelimitRedisCluster(t *testing.T) {
 	}
 	if !strings.Contains(p.Output(), "redis=\"cluster ") {
 		t.Errorf("not a Cluster client:\n%s", p.Output())
+	}
+}
+
+// TestRatelimitRedisTLS: REDIS_TLS with a client certificate and a private CA, as Envoy Gateway
+// sets them for a Redis that requires client certificates, against a real redis-server over TLS.
+func TestRatelimitRedisTLS(t *testing.T) {
+	pki := newTestPKI(t, "localhost")
+	port := redistest.FreePort(t)
+	srv := exec.Command("redis-server", "--port", "0", "--tls-port", fmt.Sprint(port), "--bind", "127.0.0.1",
+		"--tls-cert-file", pki.serverCert, "--tls-key-file", pki.serverKey, "--tls-ca-cert-file", pki.caFile,
+		"--tls-auth-clients", "yes", "--save", "", "--appendonly", "no")
+	out := &strings.Builder{}
+	srv.Stdout, srv.Stderr = out, out
+	if err := srv.Start(); err != nil {
+		t.Fatalf("redis-server: %v (install Debian's redis-server package)", err)
+	}
+	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	dir := writeRules(t, map[string]string{"t.yaml": "domain: tls\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n"})
+	env := []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=localhost:" + fmt.Sprint(port), "REDIS_TLS=true",
+		"REDIS_TLS_CLIENT_CERT=" + pki.clientCert, "REDIS_TLS_CLIENT_KEY=" + pki.clientKey, "REDIS_TLS_CACERT=" + pki.caFile,
+		"USE_STATSD=false"}
+	p := startRLS(t, env, "--config", dir) // ready: Redis answered over TLS
+	c := p.client(t)
+	ok := 0
+	for range 4 {
+		resp, err := c.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "tls", Descriptors: []*ratelimitv3.RateLimitDescriptor{d("user", "u")}})
+		if err != nil {
+			t.Fatalf("%v\n%s", err, p.Output())
+		}
+		if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+			ok++
+		}
+	}
+	if ok != 2 {
+		t.Errorf("2/hour over TLS Redis: %d of 4 admitted", ok)
+	}
+	// By address, the certificate's name (localhost) does not match: verified only with
+	// REDIS_TLS_SKIP_HOSTNAME_VERIFICATION, which still checks the chain.
+	for _, skip := range []bool{false, true} {
+		q := launchRLS(t, []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=127.0.0.1:" + fmt.Sprint(port), "REDIS_TLS=true",
+			"REDIS_TLS_CLIENT_CERT=" + pki.clientCert, "REDIS_TLS_CLIENT_KEY=" + pki.clientKey, "REDIS_TLS_CACERT=" + pki.caFile,
+			"REDIS_TLS_SKIP_HOSTNAME_VERIFICATION=" + fmt.Sprint(skip), "USE_STATSD=false"}, "--config", dir)
+		if code, _ := get(t, "http://"+q.HTTPAddr+"/healthcheck"); (code == 200) != skip {
+			t.Errorf("by address, skip hostname verification %v: /healthcheck %d\n%s", skip, code, q.Output())
+		}
+		q.Stop(t)
+	}
+	// Without the client certificate Redis refuses the connection: rls is not ready.
+	bad := launchRLS(t, []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=localhost:" + fmt.Sprint(port), "REDIS_TLS=true",
+		"REDIS_TLS_CACERT=" + pki.caFile, "USE_STATSD=false"}, "--config", dir)
+	if code, body := get(t, "http://"+bad.HTTPAddr+"/healthcheck"); code != 500 {
+		t.Errorf("without a client certificate: /healthcheck %d %q, want 500", code, body)
 	}
 }

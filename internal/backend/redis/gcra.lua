@@ -417,12 +417,13 @@ end
 local function single(k0, args, quota_refuse)
   local key = KEYS[k0 + 1]
   local rate, period, burst, cost, flags = unpack("<ddddd", args)
-  local refunds, mode, od = split(flags)
-  local L = limit_of(rate, period, burst, od)
+  local refunds = flags % 2 == 1
+  local L = limit_of(rate, period, burst, flags >= 8)
   local s = state(key)
   local ns, ok, rem, retry, reset = apply(s, L, cost, refunds)
   local charge = quota_refuse >= 0
   if ok == 0 and refuses(L, cost, refunds) then
+    local mode = floor(flags / 2) % 4
     if mode == 0 or (mode == 2 and quota_refuse == 1) then
       charge = false
     end

@@ -422,7 +422,8 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 	limits := make([]backend.Limit, len(keys))
 	for i := range keys {
 		keys[i] = "merged-" + strconv.Itoa(i)
-		limits[i] = backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8)}
+		limits[i] = backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8),
+			Overdraft: i%2 == 1}
 	}
 	ctx := context.Background()
 	refusedBetween := 0
@@ -441,8 +442,11 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 				k := rng.IntN(len(keys))
 				c.reqs[i] = backend.Request{Key: keys[k], Limit: limits[k], Cost: rng.Int64N(4),
 					Refund: rng.IntN(8) == 0, Mode: backend.Mode(rng.IntN(3))}
-				if rng.IntN(20) == 0 {
+				switch rng.IntN(20) {
+				case 0:
 					c.reqs[i].Limit = backend.Limit{Rate: 0, Period: time.Second}
+				case 1:
+					c.reqs[i].Cost = limits[k].Burst + 1 + rng.Int64N(100) // into debt under overdraft
 				}
 			}
 			c.out = make([]backend.Decision, len(c.reqs))
@@ -464,8 +468,8 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 				if gotOK, err = c.j.settleCalls(ctx, b, c.reqs, c.out); err != nil {
 					t.Fatalf("round %d batch %d: %v", round, n, err)
 				}
-				if c.j.calls[0].charged != wantOK {
-					t.Fatalf("round %d batch %d: charged=%v, want %v", round, n, c.j.calls[0].charged, wantOK)
+				if wantCharged := backend.Charged(c.reqs, want); c.j.calls[0].charged != wantCharged {
+					t.Fatalf("round %d batch %d: charged=%v, want %v", round, n, c.j.calls[0].charged, wantCharged)
 				}
 			}
 			if gotOK != wantOK || fmt.Sprint(c.out) != fmt.Sprint(want) {

@@ -88,6 +88,14 @@ type RateLimit struct {
 	// unit_multiplier: 30 is 30 seconds). Defaults to 1; must be > 0 when set, and the period
 	// no longer than 100 years (backend.MaxTolerance).
 	UnitMultiplier *uint32 `yaml:"unit_multiplier"`
+	// Overdraft is an rls extension for usage reported after the fact (LLM tokens counted when
+	// a response ends): a request's hits are charged even beyond what remains, so the key goes
+	// into debt, and every request with hits and every check (hits 0) is denied until the
+	// sustained rate has repaid the debt (at most 100 years of it; a debt is forgiven when the
+	// rate or period changes). The charge that goes over is answered OVER_LIMIT. It never
+	// makes a request's other limits charge: a request that an ordinary limit denies is charged
+	// nowhere.
+	Overdraft bool `yaml:"overdraft"`
 }
 
 // Replace names a limit that a RateLimit replaces.

@@ -24,6 +24,7 @@ var rlsHealthService = rlsv3.RateLimitService_ServiceDesc.ServiceName
 const (
 	kindEnvoy   = "envoy bootstrap"
 	kindRules   = "rls rules"
+	kindTokens  = "rls rules of the token-limit example"
 	kindK8s     = "kubernetes manifests"
 	kindCompose = "compose file"
 	kindEG      = "envoy gateway config"
@@ -49,6 +50,8 @@ func yamlFiles(t *testing.T) map[string][]string {
 			return fmt.Errorf("%s: %v", p, err)
 		}
 		switch {
+		case strings.HasPrefix(p, filepath.Join("envoy", "rules-tokens")+string(filepath.Separator)):
+			byKind[kindTokens] = append(byKind[kindTokens], p)
 		case strings.HasPrefix(p, filepath.Join("envoy", "rules")+string(filepath.Separator)):
 			byKind[kindRules] = append(byKind[kindRules], p)
 		case top["static_resources"] != nil:
@@ -73,8 +76,9 @@ func yamlFiles(t *testing.T) map[string][]string {
 func TestEveryYAMLFileIsChecked(t *testing.T) {
 	got := yamlFiles(t)
 	want := map[string][]string{
-		kindEnvoy:   {"envoy/envoy-tls.yaml", "envoy/envoy.yaml"},
+		kindEnvoy:   {"envoy/envoy-tls.yaml", "envoy/envoy-tokens.yaml", "envoy/envoy.yaml"},
 		kindRules:   {"envoy/rules/edge.yaml", "envoy/rules/edge_tcp.yaml"},
+		kindTokens:  {"envoy/rules-tokens/ai_tokens.yaml"},
 		kindCompose: {"compose.yaml"},
 		kindEG:      {"envoy-gateway/envoy-gateway-config.yaml"},
 	}

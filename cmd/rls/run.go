@@ -28,13 +28,15 @@ func run(ctx context.Context, args []string, env []string, stdout, stderr io.Wri
 			return runValidate(args[1:], stdout, stderr)
 		case "check":
 			return runCheck(ctx, args[1:], env, stdout, stderr)
+		case "inspect", "reset":
+			return runKeys(ctx, args[0], args[1:], env, stdout, stderr)
 		case "serve":
 			args = args[1:]
 		case "help":
 			args = []string{"-h"}
 		default:
 			if !strings.HasPrefix(args[0], "-") {
-				fmt.Fprintf(stderr, "rls: unknown command %q: want serve, validate or check\n", args[0])
+				fmt.Fprintf(stderr, "rls: unknown command %q: want serve, validate, check, inspect or reset\n", args[0])
 				return errUsage
 			}
 		}

@@ -59,6 +59,7 @@ type serveConfig struct {
 	redis           *redisConfig
 	reload          *reloadConfig
 	xds             *xdsConfig
+	usage           *usageConfig
 
 	configAllFiles    bool
 	configDotFiles    bool
@@ -125,6 +126,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	c.redis = redisFlags(fs)
 	c.reload = reloadFlags(fs)
 	c.xds = xdsFlags(fs)
+	c.usage = usageFlags(fs)
 	if err := parseFlags(fs, args, env); err != nil {
 		return c, err
 	}
@@ -132,6 +134,9 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 		return c, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
 	c.env = env
+	if err := c.usage.load(); err != nil {
+		return c, err
+	}
 	if c.ratelimitEnv {
 		if err := c.readRatelimitEnv(fs, env); err != nil {
 			return c, err

@@ -164,7 +164,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	s.ready.needRules(s.rules == nil || (c.readyWithRules && c.fromXDS() && c.startWithoutRules))
 	s.stopHealth = sync.OnceFunc(s.ready.follow(s.be))
 
-	s.http = c.http.server(mainMux(s.svc, s.ready, reg))
+	s.http = c.http.server(c.usage.mount(mainMux(s.svc, s.ready, reg), s.svc, s.log))
 	if c.debugAddr != "" {
 		s.debug = c.http.debugServer(debugMux(s.svc, c.debug))
 	}

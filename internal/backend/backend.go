@@ -27,12 +27,21 @@ type Request struct {
 	Mode   Mode
 }
 
+// OverdraftCharge reports whether r is charged even when denied: a cost above 0, not a refund,
+// under an overdraft limit. Such a request never refuses its batch (see Charged).
+func (r *Request) OverdraftCharge() bool {
+	return r.Limit.Overdraft && r.Cost > 0 && !r.Refund && r.Limit.Rate > 0
+}
+
 // Backend decides batches of requests against stored GCRA state.
 type Backend interface {
 	// Decide decides reqs as one unit, all or nothing: it writes one Decision per request into
-	// out (len(out) ≥ len(reqs)) and applies the charges only when Admitted(reqs, out) holds. When
-	// the batch is not admitted, every decision describes the unchanged state: allowed decisions
-	// then report what remains without this batch's charge. A denied key is never charged.
+	// out (len(out) ≥ len(reqs)), applies the charges only when Charged(reqs, out) holds, and
+	// returns Admitted(reqs, out), the answer to give. When the batch is not charged, every
+	// decision describes the unchanged state: allowed decisions then report what remains
+	// without this batch's charge. A denied key is never charged, but for an overdraft charge
+	// (Request.OverdraftCharge) in a charged batch. Without overdraft charges a batch is
+	// charged exactly when it is admitted.
 	Decide(ctx context.Context, reqs []Request, out []Decision) (admitted bool, err error)
 	// Close releases the backend's resources.
 	Close() error
@@ -63,6 +72,12 @@ type CachePurger interface {
 	PurgeCache()
 }
 
+// Resetter is implemented by a Backend that can forget keys: each given key is back to a full
+// burst (no usage, no debt) as if never seen. Keys are named as in Request.Key.
+type Resetter interface {
+	Reset(ctx context.Context, keys []string) error
+}
+
 // CacheStats is implemented by a Backend with a local cache: how many decisions it answered
 // without asking the store.
 type CacheStats interface {
@@ -71,10 +86,18 @@ type CacheStats interface {
 
 // Admitted reports whether a batch with these decisions is admitted: no Enforce request denied,
 // and not every Quota request denied. Refunds are always allowed.
-func Admitted(reqs []Request, out []Decision) bool {
+func Admitted(reqs []Request, out []Decision) bool { return verdict(reqs, out, false) }
+
+// Charged reports whether the charges of a batch with these decisions apply: as Admitted, but
+// the denial of an overdraft charge counts as allowed. So a batch whose only denials are
+// overdraft charges is charged (into debt) and answered not admitted; one that an ordinary
+// limit refuses charges nothing, overdraft charges included.
+func Charged(reqs []Request, out []Decision) bool { return verdict(reqs, out, true) }
+
+func verdict(reqs []Request, out []Decision, overdraft bool) bool {
 	quota, quotaDenied := 0, 0
 	for i := range reqs {
-		if out[i].Allowed {
+		if out[i].Allowed || (overdraft && reqs[i].OverdraftCharge()) {
 			if reqs[i].Mode == Quota {
 				quota++
 			}

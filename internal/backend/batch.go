@@ -1,11 +1,13 @@
 package backend
 
 // DecideBatch decides reqs as one unit, all or nothing, at now (µs since the Unix epoch), and
-// reports whether the batch is admitted (Admitted(reqs, out)). states[i] is the stored state of
+// reports whether the batch is charged (Charged(reqs, out)); the answer to give is
+// Admitted(reqs, out). states[i] is the stored state of
 // reqs[i].Key before the batch; every occurrence of one key carries the same state. It writes
 // out[i] and next[i] for every i (len(out), len(next) ≥ len(reqs)); a later occurrence of a key
-// decides on the state its earlier occurrences left. When admitted, the state to store for a key
-// is next[i] of its last occurrence (Fresh(now): delete it); when refused, nothing is stored,
+// decides on the state its earlier occurrences left. When charged, the state to store for a key
+// is next[i] of its last occurrence (Fresh(now): delete it), overdraft charges that went over
+// included (into debt); when refused, nothing is stored,
 // every next[i] is states[i], and every allowed decision reports a check (cost 0) of states[i].
 // Denied decisions report the state they saw. Refunds are always allowed.
 //
@@ -28,7 +30,7 @@ func DecideBatch(states []State, reqs []Request, now int64, out []Decision, next
 			next[i], out[i] = Decide(cur, r.Limit, now, r.Cost)
 		}
 	}
-	if Admitted(reqs, out) {
+	if Charged(reqs, out) {
 		return true
 	}
 	for i := range reqs {

@@ -280,3 +280,40 @@ func BenchmarkDecideBatch(b *testing.B) {
 		})
 	}
 }
+
+// TestBatchOverdraft: overdraft charges never refuse a batch; an ordinary denial refuses the
+// whole batch, overdraft charges included; the answer is still not admitted when an overdraft
+// charge went over.
+func TestBatchOverdraft(t *testing.T) {
+	t0 := int64(1_000_000_000_000)
+	od := Limit{Rate: 10, Period: time.Minute, Burst: 10, Overdraft: true}
+	plain := Limit{Rate: 10, Period: time.Minute, Burst: 10}
+	tests := []struct {
+		name              string
+		reqs              []Request
+		charged, admitted bool
+	}{
+		{"overdraft over alone: charged, not admitted", []Request{{Key: "a", Limit: od, Cost: 50}}, true, false},
+		{"overdraft over with an ordinary that admits: both charged", []Request{{Key: "a", Limit: od, Cost: 50}, {Key: "b", Limit: plain, Cost: 1}}, true, false},
+		{"overdraft over with an ordinary that denies: nothing charged", []Request{{Key: "a", Limit: od, Cost: 50}, {Key: "b", Limit: plain, Cost: 11}}, false, false},
+		{"overdraft within with an ordinary that denies: nothing charged", []Request{{Key: "a", Limit: od, Cost: 5}, {Key: "b", Limit: plain, Cost: 11}}, false, false},
+		{"overdraft over in shadow mode: charged and admitted", []Request{{Key: "a", Limit: od, Cost: 50, Mode: Shadow}}, true, true},
+		{"overdraft over in quota mode beside a quota that admits", []Request{{Key: "a", Limit: od, Cost: 50, Mode: Quota}, {Key: "b", Limit: plain, Cost: 1, Mode: Quota}}, true, true},
+		{"a check of a fresh overdraft key", []Request{{Key: "a", Limit: od}}, true, true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			n := len(tc.reqs)
+			states, out, next := make([]State, n), make([]Decision, n), make([]State, n)
+			charged := DecideBatch(states, tc.reqs, t0, out, next)
+			if charged != tc.charged || Admitted(tc.reqs, out) != tc.admitted {
+				t.Fatalf("charged %v admitted %v, want %v %v (%+v)", charged, Admitted(tc.reqs, out), tc.charged, tc.admitted, out)
+			}
+			for i := range next {
+				if used := !next[i].Fresh(t0); used != (charged && tc.reqs[i].Cost > 0) {
+					t.Fatalf("request %d: state %+v, charged %v", i, next[i], charged)
+				}
+			}
+		})
+	}
+}

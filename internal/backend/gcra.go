@@ -17,6 +17,11 @@ type Limit struct {
 	Rate   int64         // requests per Period; 0 denies every request
 	Period time.Duration // whole microseconds, > 0
 	Burst  int64         // the GCRA tolerance in requests; > 0 when Rate > 0
+	// Overdraft charges a request's cost even when it does not fit: the key goes into debt
+	// (its TAT past now + Burst×Period/Rate, up to now + MaxTolerance) and every request but a
+	// refund is denied until the sustained rate has repaid it. For costs known only after the
+	// fact (tokens of a response). See Decide.
+	Overdraft bool
 }
 
 // ErrInvalidLimit is returned for a limit that cannot be decided exactly.
@@ -52,6 +57,28 @@ func (l Limit) Validate() error {
 }
 
 func (l Limit) periodMicros() int64 { return int64(l.Period / time.Microsecond) }
+
+// MaxCharge is the largest cost an overdraft charge under l counts: the requests that fit in
+// MaxTolerance (at most 2^33), since the debt saturates there. A larger cost charges as much.
+// l must be valid with a Rate above 0.
+func (l Limit) MaxCharge() int64 {
+	const most = 1 << 33
+	hi, lo := bits.Mul64(uint64(MaxTolerance/time.Microsecond), uint64(l.Rate))
+	if hi >= uint64(l.periodMicros()) {
+		return most
+	}
+	q, _ := bits.Div64(hi, lo, uint64(l.periodMicros()))
+	return int64(min(q, most))
+}
+
+// ClampCost is the cost Decide counts of cost under l: none below 0; for an overdraft charge
+// at most MaxCharge, otherwise at most Burst+1 (any cost above the burst is denied alike).
+func (l Limit) ClampCost(cost int64) int64 {
+	if l.Overdraft {
+		return min(max(cost, 0), l.MaxCharge())
+	}
+	return min(max(cost, 0), l.Burst+1)
+}
 
 // Decision is the outcome of one rate-limit check. The zero value denies.
 type Decision struct {
@@ -105,6 +132,18 @@ func interval(n int64, l Limit) tick {
 	return tick{int64(q), int64(r)}
 }
 
+// countCapped returns min(floor(d / T), most) for a span d ≥ 0 of any length.
+func countCapped(d tick, l Limit, most int64) int64 {
+	hi, lo := bits.Mul64(uint64(d.us), uint64(l.Rate))
+	lo, c := bits.Add64(lo, uint64(d.frac), 0)
+	hi += c
+	if hi >= uint64(l.periodMicros()) {
+		return most
+	}
+	q, _ := bits.Div64(hi, lo, uint64(l.periodMicros()))
+	return int64(min(q, uint64(most)))
+}
+
 // count returns floor(d / T) for a span d ≥ 0: how many emission intervals fit in d.
 func count(d tick, l Limit) int64 {
 	hi, lo := bits.Mul64(uint64(d.us), uint64(l.Rate))
@@ -126,10 +165,14 @@ func ceilDuration(d tick) time.Duration {
 	return time.Duration(us) * time.Microsecond
 }
 
+// maxSpan is MaxTolerance as a span: how far past now a debt reaches at most.
+var maxSpan = tick{us: int64(MaxTolerance / time.Microsecond)}
+
 // current returns the TAT of s under limit l at time now: never before now, and clamped so that
 // a changed limit applies at once. State computed under another rate or period keeps the number
-// of requests it holds (rounded up), re-expressed in l's emission interval; any state is capped
-// at a full burst of l.
+// of requests it holds (rounded up), re-expressed in l's emission interval, up to a full burst
+// (a debt is forgiven when the rate or period changes); state under the same rate and period
+// is capped at a full burst of l, or under overdraft at MaxTolerance (its debt is kept).
 func current(s State, l Limit, now int64) tick {
 	nowT := tick{us: now}
 	if s.Fresh(now) {
@@ -144,17 +187,25 @@ func current(s State, l Limit, now int64) tick {
 			return nowT // not a state this package wrote: forget it rather than guess
 		}
 		d := sub(tick{s.TAT, s.Frac}, nowT, s.Rate)
-		n := count(d, old)
-		if rem := sub(d, interval(n, old), s.Rate); rem.us > 0 || rem.frac > 0 {
-			n++
+		// A span of more than 2^33 intervals (a debt) holds more than any burst: no need to
+		// count it exactly.
+		n := countCapped(d, old, 1<<33)
+		if n < 1<<33 {
+			if rem := sub(d, interval(n, old), s.Rate); rem.us > 0 || rem.frac > 0 {
+				n++
+			}
 		}
 		if n > l.Burst {
 			n = l.Burst
 		}
 		held = interval(n, l)
 	}
-	if full := interval(l.Burst, l); full.less(held) {
-		held = full
+	most := interval(l.Burst, l)
+	if l.Overdraft {
+		most = maxSpan
+	}
+	if most.less(held) {
+		held = most
 	}
 	return add(nowT, held, l.Rate)
 }
@@ -164,13 +215,20 @@ func (t tick) state(l Limit) State {
 }
 
 // Decide applies GCRA: it charges cost requests to the key whose state is s, at time now
-// (microseconds), and returns the new state and the decision. A denied decision leaves the state
-// unchanged: the returned state is s. A cost of 0 only checks. A cost above the burst can never
-// be admitted: it is denied without touching the state, with Remaining and ResetAfter as for any
-// denial and RetryAfter the time to a full burst (ResetAfter) plus one full burst span
+// (microseconds), and returns the new state and the decision. A denied decision describes the
+// state s; the returned state is s, unless l.Overdraft (below). A cost of 0 only checks: it is
+// admitted while the key is not past its limit, with exactly 0 remaining included. A cost above
+// the burst can never be admitted: it is denied with Remaining and ResetAfter as for any denial
+// and RetryAfter the time to a full burst (ResetAfter) plus one full burst span
 // (Burst×Period/Rate, rounded up): never zero, so that no client reads it as "retry now". Under
 // a Rate of 0 every request is denied with RetryAfter equal to the Period. l must be valid (see
 // Limit.Validate).
+//
+// Under l.Overdraft a cost above 0 that does not fit is denied but charged all the same (up to
+// MaxCharge, the debt saturating at now + MaxTolerance): the key goes into debt, its TAT past
+// now plus a full burst. While in debt Remaining is 0 and every request with a cost, and every
+// check, is denied; a check's RetryAfter is then the time until the debt is repaid, when a
+// check is admitted again.
 func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{RetryAfter: l.Period}
@@ -178,29 +236,45 @@ func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
 	tat := current(s, l, now)
 	nowT := tick{us: now}
 	full := interval(l.Burst, l)
-	// Remaining before this request: floor((now + full − tat) / T).
-	headroom := sub(add(nowT, full, l.Rate), tat, l.Rate)
-	if cost > l.Burst {
-		reset := ceilDuration(sub(tat, nowT, l.Rate))
-		return s, Decision{Remaining: count(headroom, l), RetryAfter: ceilDuration(full) + reset, ResetAfter: reset}
+	// Remaining before this request: floor((now + full − tat) / T), 0 in debt.
+	top := add(nowT, full, l.Rate)
+	remaining := int64(0)
+	if !top.less(tat) {
+		remaining = count(sub(top, tat, l.Rate), l)
 	}
-	if cost < 0 {
-		cost = 0
+	reset := ceilDuration(sub(tat, nowT, l.Rate))
+	cost = l.ClampCost(cost)
+	if cost > l.Burst {
+		return overdraw(s, tat, l, now, cost), Decision{Remaining: remaining, RetryAfter: ceilDuration(full) + reset, ResetAfter: reset}
 	}
 	newTAT := add(tat, interval(cost, l), l.Rate)
 	allowAt := sub(newTAT, full, l.Rate)
 	if nowT.less(allowAt) {
-		return s, Decision{
-			Remaining:  count(headroom, l),
+		return overdraw(s, tat, l, now, cost), Decision{
+			Remaining:  remaining,
 			RetryAfter: ceilDuration(sub(allowAt, nowT, l.Rate)),
-			ResetAfter: ceilDuration(sub(tat, nowT, l.Rate)),
+			ResetAfter: reset,
 		}
 	}
 	return newTAT.state(l), Decision{
 		Allowed:    true,
-		Remaining:  count(headroom, l) - cost,
+		Remaining:  remaining - cost,
 		ResetAfter: ceilDuration(sub(newTAT, nowT, l.Rate)),
 	}
+}
+
+// overdraw returns the state after a denied charge of cost (0 ≤ cost ≤ l.MaxCharge()) on the
+// TAT tat: s unless l.Overdraft and cost > 0, else tat + cost×T, saturated at now + MaxTolerance.
+func overdraw(s State, tat tick, l Limit, now int64, cost int64) State {
+	if !l.Overdraft || cost <= 0 {
+		return s
+	}
+	// room ≥ 0: current never reaches past now + MaxTolerance.
+	room := sub(add(tick{us: now}, maxSpan, l.Rate), tat, l.Rate)
+	if c := interval(cost, l); c.less(room) || c == room {
+		return add(tat, c, l.Rate).state(l)
+	}
+	return add(tick{us: now}, maxSpan, l.Rate).state(l)
 }
 
 // Refund gives back cost requests to the key whose state is s (is_negative_hits), never beyond a
@@ -220,10 +294,14 @@ func Refund(s State, l Limit, now int64, cost int64) (State, Decision) {
 			tat = nowT
 		}
 	}
-	full := interval(l.Burst, l)
+	top := add(nowT, interval(l.Burst, l), l.Rate)
+	remaining := int64(0)
+	if !top.less(tat) {
+		remaining = count(sub(top, tat, l.Rate), l)
+	}
 	return tat.state(l), Decision{
 		Allowed:    true,
-		Remaining:  count(sub(add(nowT, full, l.Rate), tat, l.Rate), l),
+		Remaining:  remaining,
 		ResetAfter: ceilDuration(sub(tat, nowT, l.Rate)),
 	}
 }

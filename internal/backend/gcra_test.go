@@ -303,3 +303,89 @@ func BenchmarkDecide(b *testing.B) {
 		s, _ = Decide(s, l, now, 1)
 	}
 }
+
+// TestOverdraftSteps walks the usage-based sequence: 1000 tokens a minute, a report of 800, a
+// report of 5000 that goes over (charged into debt under overdraft, not charged without), and
+// checks (cost 0) until the debt of 4800 tokens is repaid after 4.8 minutes.
+func TestOverdraftSteps(t *testing.T) {
+	const ms = int64(time.Millisecond / time.Microsecond)
+	t0 := int64(1_000_000_000_000)
+	type step struct {
+		name      string
+		at        int64
+		cost      int64
+		allowed   bool
+		remaining int64
+		retry     time.Duration
+		reset     time.Duration
+	}
+	for _, tc := range []struct {
+		name      string
+		overdraft bool
+		steps     []step
+	}{
+		{"overdraft", true, []step{
+			{"report 800", t0, 800, true, 200, 0, 48 * time.Second},
+			{"report 5000 goes over: charged", t0, 5000, false, 200, 60*time.Second + 48*time.Second, 48 * time.Second},
+			{"check in debt", t0, 0, false, 0, 288 * time.Second, 348 * time.Second},
+			{"report 1 in debt: charged", t0 + sec, 1, false, 0, 288*time.Second + 60*time.Millisecond - time.Second, 347 * time.Second},
+			{"check just before repaid", t0 + 288*sec + 60*ms - 1, 0, false, 0, time.Microsecond, 60*time.Second + time.Microsecond},
+			{"check when repaid: exactly 0 remaining is admitted", t0 + 288*sec + 60*ms, 0, true, 0, 0, 60 * time.Second},
+			{"a request with hits when repaid", t0 + 288*sec + 60*ms + 60*ms, 1, true, 0, 0, 60 * time.Second},
+		}},
+		{"without overdraft", false, []step{
+			{"report 800", t0, 800, true, 200, 0, 48 * time.Second},
+			{"report 5000 denied, not charged", t0, 5000, false, 200, 60*time.Second + 48*time.Second, 48 * time.Second},
+			{"check admitted", t0, 0, true, 200, 0, 48 * time.Second},
+			{"report 300 denied, not charged", t0, 300, false, 200, 6 * time.Second, 48 * time.Second},
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := Limit{Rate: 1000, Period: time.Minute, Burst: 1000, Overdraft: tc.overdraft}
+			var s State
+			for _, st := range tc.steps {
+				var d Decision
+				s, d = Decide(s, l, st.at, st.cost)
+				want := Decision{Allowed: st.allowed, Remaining: st.remaining, RetryAfter: st.retry, ResetAfter: st.reset}
+				if d != want {
+					t.Fatalf("%s: got %+v, want %+v", st.name, d, want)
+				}
+			}
+		})
+	}
+}
+
+// TestOverdraftBounds: a debt saturates at MaxTolerance, a refund pays back at most a burst, and
+// a changed rate forgives a debt (the key is re-expressed under the new rule, capped at a burst).
+func TestOverdraftBounds(t *testing.T) {
+	t0 := int64(1_000_000_000_000)
+	l := Limit{Rate: 1, Period: 5 * time.Second, Burst: 2, Overdraft: true}
+	s, d := Decide(State{}, l, t0, 1<<40)
+	if d.Allowed || s.TAT != t0+int64(MaxTolerance/time.Microsecond) || s.Frac != 0 {
+		t.Fatalf("huge charge: %+v state %+v, want denied and the TAT at now + MaxTolerance", d, s)
+	}
+	if s2, _ := Decide(s, l, t0, 5); s2 != s {
+		t.Fatalf("charge on a saturated debt: state %+v, want %+v", s2, s)
+	}
+	r, rd := Refund(s, l, t0, 100)
+	if !rd.Allowed || r.TAT != s.TAT-2*5*sec || rd.Remaining != 0 {
+		t.Fatalf("refund in debt: %+v state %+v, want a burst (10s) paid back and 0 remaining", rd, r)
+	}
+	changed := l
+	changed.Rate = 2
+	_, cd := Decide(s, changed, t0, 0)
+	if !cd.Allowed || cd.Remaining != 0 || cd.ResetAfter != 5*time.Second {
+		t.Fatalf("check under a changed rate: %+v, want the debt forgiven to a used burst", cd)
+	}
+	plain := l
+	plain.Overdraft = false
+	if _, pd := Decide(s, plain, t0, 0); !pd.Allowed || pd.Remaining != 0 {
+		t.Fatalf("check once overdraft is off: %+v, want the debt capped at a burst", pd)
+	}
+	if got := (Limit{Rate: 1 << 32, Period: time.Microsecond, Burst: 1, Overdraft: true}).MaxCharge(); got != 1<<33 {
+		t.Fatalf("MaxCharge of a fast limit: %d, want 2^33", got)
+	}
+	if got := l.MaxCharge(); got != int64(MaxTolerance/(5*time.Second)) {
+		t.Fatalf("MaxCharge: %d, want %d", got, int64(MaxTolerance/(5*time.Second)))
+	}
+}

@@ -68,7 +68,10 @@ type scratch struct {
 	next   []State
 }
 
-var _ Backend = (*Memory)(nil)
+var (
+	_ Backend  = (*Memory)(nil)
+	_ Resetter = (*Memory)(nil)
+)
 
 // NewMemory returns a Memory backend.
 func NewMemory(opts MemoryOptions) (*Memory, error) {
@@ -188,8 +191,7 @@ func (m *Memory) Decide(_ context.Context, reqs []Request, out []Decision) (bool
 			sc.states[i] = t.entries[sc.entry[i]].state()
 		}
 	}
-	admitted := DecideBatch(sc.states, reqs, now, out, sc.next)
-	if admitted {
+	if DecideBatch(sc.states, reqs, now, out, sc.next) {
 		// Keys held already first: their entries stay where lookup found them until the keys
 		// not held yet are added, which may evict.
 		for i := range reqs {
@@ -216,7 +218,21 @@ func (m *Memory) Decide(_ context.Context, reqs []Request, out []Decision) (bool
 	for _, s := range sc.locked {
 		m.shards[s].t.dropFresh(now)
 	}
-	return admitted, nil
+	return Admitted(reqs, out), nil
+}
+
+// Reset implements Resetter: it forgets keys.
+func (m *Memory) Reset(_ context.Context, keys []string) error {
+	for _, k := range keys {
+		h := maphash.String(m.seed, k)
+		s := &m.shards[m.shardOf(h)]
+		s.mu.Lock()
+		if e := s.t.lookup(h, k); e != 0 {
+			s.t.remove(e)
+		}
+		s.mu.Unlock()
+	}
+	return nil
 }
 
 func (m *Memory) shardOf(hash uint64) int { return int(hash % uint64(len(m.shards))) }

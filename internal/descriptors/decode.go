@@ -23,7 +23,7 @@ var (
 	ruleFileFields   = []string{"domain", "descriptors"}
 	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode"}
-	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "unit_multiplier"}
+	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "unit_multiplier", "overdraft"}
 	replaceFields   = []string{"name"}
 )
 
@@ -352,6 +352,8 @@ func (b *builder) limit(n *yaml.Node) rawLimit {
 			l.burst = v
 		case "unit_multiplier":
 			l.multi = v
+		case "overdraft":
+			l.Overdraft = b.boolean(v, "overdraft")
 		}
 	})
 	return l

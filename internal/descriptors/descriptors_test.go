@@ -168,6 +168,8 @@ descriptors:
 		{"empty key", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - value: v\n"},
 			[]string{`a.yaml:3: domain "a": descriptor #1 at the top level: key must not be empty`}},
 		{"empty domain", map[string]string{"a.yaml": "descriptors: []\n"}, []string{"a.yaml:1: domain must not be empty"}},
+		{"overdraft with unlimited, overdraft not a boolean", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unlimited: true, overdraft: true}\n  - key: j\n    rate_limit: {unit: second, requests_per_unit: 1, overdraft: maybe}\n"},
+			[]string{`a.yaml:4: domain "a": descriptor k: unlimited cannot have overdraft`, "a.yaml:6:"}},
 		{"syntax", map[string]string{"a.yaml": "domain: [\n"}, []string{"a.yaml:"}},
 		{"not a mapping", map[string]string{"a.yaml": "- 1\n"}, []string{"a.yaml:1: a rule file must be a mapping with a domain and descriptors, not a list"}},
 		{"wrong type", map[string]string{"a.yaml": "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: second, requests_per_unit: many}\n"},

@@ -453,6 +453,9 @@ func (b *builder) rule(d *rawDescriptor, path string, share []string, info *Doma
 			if len(limitNodes) > 1 {
 				b.errorf(lineOf(ln, "unlimited"), "%s: unlimited cannot be one of several rate_limits", where)
 			}
+			if rl.Overdraft {
+				b.errorf(lineOf(ln, "overdraft"), "%s: unlimited cannot have overdraft", where)
+			}
 			r.Unlimited = true
 			continue
 		}
@@ -502,6 +505,7 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 		return Limit{}, false
 	}
 	lim := NewLimit(rl.Name, perUnit, unit, mult, burst)
+	lim.GCRA.Overdraft = rl.Overdraft
 	if err := lim.GCRA.Validate(); err != nil {
 		b.errorf(ln.Line, "%s: %v", where, err)
 		return Limit{}, false

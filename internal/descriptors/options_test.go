@@ -101,3 +101,28 @@ func TestMergeDomains(t *testing.T) {
 		t.Errorf("duplicate across files: %v, want three.yaml:3 duplicate key", err)
 	}
 }
+
+func TestOverdraftLoads(t *testing.T) {
+	dir := writeTree(t, map[string]string{"tokens.yaml": `domain: ai
+descriptors:
+  - key: api_key
+    descriptors:
+      - key: model
+        rate_limits:
+          - {unit: minute, requests_per_unit: 1000, overdraft: true}
+          - {unit: day, requests_per_unit: 100000}
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`})
+	rs, err := Load(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs.Match("ai", []Entry{{Key: "api_key", Value: "k1"}, {Key: "model", Value: "m"}})
+	if r == nil || len(r.Limits) != 2 || !r.Limits[0].GCRA.Overdraft || r.Limits[1].GCRA.Overdraft {
+		t.Fatalf("got %+v, want the minute limit with overdraft and the day limit without", r)
+	}
+	if p := rs.Match("ai", []Entry{{Key: "plain", Value: "x"}}); p == nil || p.Limits[0].GCRA.Overdraft {
+		t.Fatalf("plain: got %+v, want no overdraft", p)
+	}
+}

@@ -62,7 +62,7 @@ type Limit struct {
 	UnitMultiplier  uint32 // ≥ 1
 	Burst           uint32
 	Replaces        []string
-	// GCRA is the limit as the backend decides it.
+	// GCRA is the limit as the backend decides it (GCRA.Overdraft: overdraft: true).
 	GCRA backend.Limit
 }
 

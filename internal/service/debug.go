@@ -21,10 +21,11 @@ type limitJSON struct {
 	UnitMultiplier  uint32   `json:"unit_multiplier"`
 	Burst           uint32   `json:"burst"`
 	Replaces        []string `json:"replaces,omitempty"`
+	Overdraft       bool     `json:"overdraft,omitempty"`
 }
 
 func toLimitJSON(l *descriptors.Limit) limitJSON {
-	return limitJSON{Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit.String(), UnitMultiplier: l.UnitMultiplier, Burst: l.Burst, Replaces: l.Replaces}
+	return limitJSON{Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit.String(), UnitMultiplier: l.UnitMultiplier, Burst: l.Burst, Replaces: l.Replaces, Overdraft: l.GCRA.Overdraft}
 }
 
 type ruleJSON struct {

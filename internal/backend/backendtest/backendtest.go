@@ -260,6 +260,91 @@ var cases = []struct {
 		if got := admitted.Load(); got != 100 {
 			t.Fatalf("8 clients × 50 requests on burst 100: admitted %d, want exactly 100", got)
 		}
+	}}, {"overdraft", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
+		// 10 an hour (one per 6 minutes), burst 10: 8, then 50 over the burst, into a debt of 48.
+		k, l := key("overdraft"), perHour(10, 10)
+		l.Overdraft = true
+		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 8}); !d.Allowed || d.Remaining != 2 {
+			t.Fatalf("report 8: got %+v, want allowed with 2 remaining", d)
+		}
+		if d := one(t, b, backend.Request{Key: k, Limit: l, Cost: 50}); d.Allowed {
+			t.Fatalf("report 50: got %+v, want denied (and charged)", d)
+		}
+		d := one(t, b, backend.Request{Key: k, Limit: l})
+		// The debt: 58 - 10 = 48 requests, 48 × 6 minutes = 288 minutes.
+		if d.Allowed || d.Remaining != 0 || d.RetryAfter <= 287*time.Minute || d.RetryAfter > 288*time.Minute {
+			t.Fatalf("check in debt: got %+v, want denied, 0 remaining, retry within (287m, 288m]", d)
+		}
+		plain := key("plain")
+		if d := one(t, b, backend.Request{Key: plain, Limit: perHour(10, 10), Cost: 5}); !d.Allowed || d.Remaining != 5 {
+			t.Fatalf("another key: got %+v, want untouched", d)
+		}
+		// An ordinary limit that denies refuses the batch: the overdraft charge is not made.
+		out, admitted := batch(t, b, []backend.Request{{Key: k, Limit: l, Cost: 3}, {Key: plain, Limit: perHour(10, 10), Cost: 6}})
+		if admitted || out[1].Allowed {
+			t.Fatalf("batch with an ordinary denial: admitted %v, %+v", admitted, out)
+		}
+		if d := one(t, b, backend.Request{Key: k, Limit: l}); d.RetryAfter <= 287*time.Minute || d.RetryAfter > 288*time.Minute {
+			t.Fatalf("after a refused batch: got %+v, want the debt unchanged", d)
+		}
+		// Without overdraft, the same report is denied and not charged.
+		k2 := key("nooverdraft")
+		one(t, b, backend.Request{Key: k2, Limit: perHour(10, 10), Cost: 8})
+		one(t, b, backend.Request{Key: k2, Limit: perHour(10, 10), Cost: 50})
+		if d := one(t, b, backend.Request{Key: k2, Limit: perHour(10, 10)}); !d.Allowed || d.Remaining != 2 {
+			t.Fatalf("check without overdraft: got %+v, want allowed with 2 remaining", d)
+		}
+	}},
+	{"overdraft reports from concurrent clients add up exactly", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
+		k, l := key("overdraft-concurrent"), perHour(10, 10)
+		l.Overdraft = true
+		var wg sync.WaitGroup
+		var sum atomic.Int64
+		for c := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := range 25 {
+					cost := int64(1 + (c*25+i)%7)
+					out := make([]backend.Decision, 1)
+					if _, err := b.Decide(context.Background(), []backend.Request{{Key: k, Limit: l, Cost: cost}}, out); err != nil {
+						t.Errorf("Decide: %v", err)
+						return
+					}
+					sum.Add(cost)
+				}
+			}()
+		}
+		wg.Wait()
+		d := one(t, b, backend.Request{Key: k, Limit: l})
+		// Everything charged: ResetAfter is the whole sum × 6 minutes, less the test's duration.
+		total := time.Duration(sum.Load()) * 6 * time.Minute
+		if d.ResetAfter > total || d.ResetAfter < total-time.Minute {
+			t.Fatalf("after reports summing to %d: reset after %v, want %v", sum.Load(), d.ResetAfter, total)
+		}
+	}},
+	{"reset", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
+		r, ok := b.(backend.Resetter)
+		if !ok {
+			t.Skip("not a backend.Resetter")
+		}
+		k, l := key("reset"), perHour(10, 10)
+		l.Overdraft = true
+		other := key("reset-other")
+		one(t, b, backend.Request{Key: k, Limit: l, Cost: 500})
+		one(t, b, backend.Request{Key: other, Limit: l, Cost: 3})
+		if d := one(t, b, backend.Request{Key: k, Limit: l}); d.Allowed {
+			t.Fatalf("check in debt: got %+v", d)
+		}
+		if err := r.Reset(context.Background(), []string{k, key("never-seen")}); err != nil {
+			t.Fatal(err)
+		}
+		if d := one(t, b, backend.Request{Key: k, Limit: l}); !d.Allowed || d.Remaining != 10 || d.ResetAfter != 0 {
+			t.Fatalf("check after reset: got %+v, want a full burst", d)
+		}
+		if d := one(t, b, backend.Request{Key: other, Limit: l}); d.Remaining != 7 {
+			t.Fatalf("the other key after reset: got %+v, want untouched (7 remaining)", d)
+		}
 	}},
 }
 

@@ -31,10 +31,12 @@ func newDenials(size int) (*denials, error) {
 }
 
 // lookup returns the decision for r at now when the cache knows it is denied. A refund, another
-// limit (rules changed) or a smaller cost (which may be admitted sooner) is not known.
-// present says whether the cache holds an entry for the key at all.
+// limit (rules changed) or a smaller cost (which may be admitted sooner) is not known, nor is an
+// overdraft charge: it must reach Redis to be charged. A check of a key in debt is denied until
+// the debt is repaid, so it is known. present says whether the cache holds an entry for the key
+// at all.
 func (d *denials) lookup(r *backend.Request, now time.Time) (dec backend.Decision, ok, present bool) {
-	if r.Refund {
+	if r.Refund || r.OverdraftCharge() {
 		return backend.Decision{}, false, true // not looked up: may be held
 	}
 	e, present := d.c.Get(r.Key)
@@ -54,7 +56,7 @@ func (d *denials) learn(r *backend.Request, dec backend.Decision, sent time.Time
 	case r.Refund:
 		// A refund can admit the key sooner than the cached instant.
 		d.c.Remove(r.Key)
-	case dec.Allowed:
+	case dec.Allowed, r.OverdraftCharge():
 		// The key's state changed: what a cached denial says of it is stale.
 		d.c.Remove(r.Key)
 	case r.Cost > r.Limit.Burst:

@@ -42,11 +42,11 @@ func (j *job) plan(b *Backend, reqs []backend.Request, out []backend.Decision) e
 		if r.Limit.Rate == 0 {
 			out[i] = decideRateZero(r)
 			switch {
-			case r.Mode == backend.Enforce && !out[i].Allowed:
+			case r.Mode == backend.Enforce && !out[i].Allowed && !r.OverdraftCharge():
 				refused = true
 			case r.Mode == backend.Quota:
 				quotaKnown++
-				if out[i].Allowed {
+				if out[i].Allowed || r.OverdraftCharge() {
 					quotaKnownAllowed++
 				}
 			}
@@ -136,20 +136,20 @@ func (j *job) settleCalls(ctx context.Context, b *Backend, reqs []backend.Reques
 		}
 		return false, errors.Join(errs...)
 	}
-	admitted := settle(reqs, out)
+	admitted, charged := settle(reqs, out), backend.Charged(reqs, out)
 	if !multi {
-		if admitted != j.calls[0].charged {
-			return false, fmt.Errorf("redis backend: script charged=%v for a batch that is admitted=%v", j.calls[0].charged, admitted)
+		if charged != j.calls[0].charged {
+			return false, fmt.Errorf("redis backend: script charged=%v for a batch that is charged=%v", j.calls[0].charged, charged)
 		}
 		return admitted, nil
 	}
-	if admitted {
+	if charged {
 		for k := range j.calls {
 			if !j.calls[k].charged {
-				return false, errors.New("redis backend: script refused a slot of an admitted batch")
+				return false, errors.New("redis backend: script refused a slot of a charged batch")
 			}
 		}
-		return true, nil
+		return admitted, nil
 	}
 	// Refused by some slot: report every allowed decision as the check of the unchanged state,
 	// as it will be once the charges are undone.
@@ -186,7 +186,11 @@ func (j *job) undo(ctx context.Context, b *Backend, reqs []backend.Request) erro
 			}
 			r := &reqs[i]
 			keys = append(keys, c.keys[n])
-			vals = appendDoubles(vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, dus, dfrac)
+			od := int64(0)
+			if r.Limit.Overdraft {
+				od = 1
+			}
+			vals = appendDoubles(vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, dus, dfrac, od)
 		}
 		if len(keys) > 0 {
 			cmds = append(cmds, newScriptCmd(undoArgs(script.Hash(), b.nowArg(), keys, vals)))

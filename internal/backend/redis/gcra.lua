@@ -24,8 +24,9 @@
 --       k quota requests here are denied, which are then every quota request of the batch not
 --       already denied; 0: never; -1: refused already), ARGV[4] "1" when other script calls
 --       hold part of the batch (Cluster slots), ARGV[5] per key: rate, period (us), burst, cost
---       (clamped to [0, burst+1]), flags (1 refund, + 2*mode with mode 0 enforce, 1 shadow,
---       2 quota), as little-endian doubles. Rate is > 0: rls decides rate 0 itself.
+--       (clamped to [0, burst+1], or under overdraft to [0, Limit.MaxCharge]), flags (1 refund,
+--       + 2*mode with mode 0 enforce, 1 shadow, 2 quota, + 8 overdraft), as little-endian
+--       doubles. Rate is > 0: rls decides rate 0 itself.
 --       Replies with one string of doubles: charged (1/0), then per key allowed, remaining,
 --       retry_us, reset_us; with ARGV[4] = "1" also, per key, the check-only remaining and
 --       reset_us (what the key reports once the batch is undone) and the exact change written
@@ -35,8 +36,13 @@
 --       second's, and so on; KEYS are the batches' keys in order. Replies with the replies of
 --       "d", concatenated. This pays the fixed cost of a script call (and TIME) once for many
 --       concurrent calls.
---   "u" undo: ARGV[3] per key: rate, period, burst, delta_us, delta_frac: subtracts a change
---       that "d" wrote (for a batch another slot refused), within [now, now + burst].
+--   "u" undo: ARGV[3] per key: rate, period, burst, delta_us, delta_frac, overdraft (1/0):
+--       subtracts a change that "d" wrote (for a batch another slot refused), within [now,
+--       now + burst], or under overdraft [now, now + MAX_TOLERANCE].
+--
+-- Overdraft (see backend.Decide): a denied charge of cost > 0 under an overdraft limit is
+-- written anyway, its TAT saturating at now + MAX_TOLERANCE, and never refuses its batch. With
+-- that bound every TAT stays below now + 2*MAX_TOLERANCE < 2^53 (until the year 2055).
 --       Replies with the empty string.
 
 local MAX_TOLERANCE = 100 * 365 * 24 * 3600 * 1000000
@@ -98,14 +104,20 @@ local function interval(n, L)
 end
 
 -- limit is a limit with what every decision under it needs: {rate, period, burst, pq, pr,
--- full_us, full_frac, one_us, one_frac}, where period = pq*rate + pr, so that one emission
--- interval is (pq, pr), a full burst is (full_us, full_frac) and the cost of one request
--- (one_us, one_frac).
-local function limit(rate, period, burst)
+-- full_us, full_frac, one_us, one_frac, overdraft, most_us, most_frac}, where period =
+-- pq*rate + pr, so that one emission interval is (pq, pr), a full burst is (full_us,
+-- full_frac), the cost of one request (one_us, one_frac) and the most a state may hold
+-- (most_us, most_frac): a full burst, or under overdraft MAX_TOLERANCE.
+local function limit(rate, period, burst, overdraft)
   local pq, pr = divmod(period, rate)
-  local L = {rate, period, burst, pq, pr, 0, 0, 0, 0}
+  local L = {rate, period, burst, pq, pr, 0, 0, 0, 0, overdraft, 0, 0}
   L[6], L[7] = interval(burst, L)
   L[8], L[9] = interval(1, L)
+  if overdraft then
+    L[11] = MAX_TOLERANCE
+  else
+    L[11], L[12] = L[6], L[7]
+  end
   return L
 end
 
@@ -161,24 +173,42 @@ local function current(s, L, now)
       return now, 0 -- not a state rls wrote
     end
     local dus, df = sub(s[1], s[2], now, 0, orate)
+    local n
     if dus * orate / operiod > 8589934592 then
-      return now, 0 -- more than 2^33 intervals: no limit rls accepts wrote this
-    end
-    local O = limit(orate, operiod, 1)
-    local n = count(dus, df, O)
-    local ius, ifr = interval(n, O)
-    if less(ius, ifr, dus, df) then
-      n = n + 1
+      n = L[3] -- more than 2^33 intervals (a debt): more than any burst
+    else
+      local O = limit(orate, operiod, 1, false)
+      n = count(dus, df, O)
+      local ius, ifr = interval(n, O)
+      if less(ius, ifr, dus, df) then
+        n = n + 1
+      end
     end
     if n > L[3] then
       n = L[3]
     end
     hus, hf = interval(n, L)
   end
-  if less(L[6], L[7], hus, hf) then
-    hus, hf = L[6], L[7]
+  if less(L[11], L[12], hus, hf) then
+    hus, hf = L[11], L[12]
   end
   return add(now, 0, hus, hf, rate)
+end
+
+-- overdraw is gcra.go's overdraw: the state after a denied charge of cost on the TAT (tus, tf):
+-- s unless overdraft, else the TAT plus the cost, saturated at now + MAX_TOLERANCE.
+local function overdraw(s, L, now, tus, tf, cost)
+  if not L[10] or cost <= 0 then
+    return s
+  end
+  local rate = L[1]
+  local rus, rf = sub(now + MAX_TOLERANCE, 0, tus, tf, rate)
+  local cus, cf = interval(cost, L)
+  if less(rus, rf, cus, cf) then
+    return {now + MAX_TOLERANCE, 0, rate, L[2]}
+  end
+  local nus, nf = add(tus, tf, cus, cf, rate)
+  return {nus, nf, rate, L[2]}
 end
 
 -- decide is gcra.go's Decide: the new state (s itself when denied) and the decision.
@@ -207,19 +237,19 @@ local function decide(s, L, now, cost)
   local aus, af = add(now, 0, L[6], L[7], rate)
   local hus, hf = sub(aus, af, tus, tf, rate)
   local remaining = count(hus, hf, L)
+  if cost < 0 then
+    cost = 0
+  end
   if cost > L[3] then
     -- Never admitted: retry no sooner than a full burst after the key is back to one.
     local reset = ceil_us(sub(tus, tf, now, 0, rate))
-    return s, 0, remaining, ceil_us(L[6], L[7]) + reset, reset
-  end
-  if cost < 0 then
-    cost = 0
+    return overdraw(s, L, now, tus, tf, cost), 0, remaining, ceil_us(L[6], L[7]) + reset, reset
   end
   local cus, cf = interval(cost, L)
   local nus, nf = add(tus, tf, cus, cf, rate)
   local wus, wf = sub(nus, nf, L[6], L[7], rate)
   if less(now, 0, wus, wf) then
-    return s, 0, remaining, ceil_us(sub(wus, wf, now, 0, rate)), ceil_us(sub(tus, tf, now, 0, rate))
+    return overdraw(s, L, now, tus, tf, cost), 0, remaining, ceil_us(sub(wus, wf, now, 0, rate)), ceil_us(sub(tus, tf, now, 0, rate))
   end
   return {nus, nf, rate, L[2]}, 1, remaining - cost, 0, ceil_us(sub(nus, nf, now, 0, rate))
 end
@@ -293,13 +323,18 @@ local function clock(arg)
 end
 
 -- The last limit built, reused while the keys that follow share it, as they usually do.
-local last_rate, last_period, last_burst, last_limit
-local function limit_of(rate, period, burst)
-  if rate ~= last_rate or period ~= last_period or burst ~= last_burst then
-    last_rate, last_period, last_burst = rate, period, burst
-    last_limit = limit(rate, period, burst)
+local last_rate, last_period, last_burst, last_overdraft, last_limit
+local function limit_of(rate, period, burst, overdraft)
+  if rate ~= last_rate or period ~= last_period or burst ~= last_burst or overdraft ~= last_overdraft then
+    last_rate, last_period, last_burst, last_overdraft = rate, period, burst, overdraft
+    last_limit = limit(rate, period, burst, overdraft)
   end
   return last_limit
+end
+
+-- flags splits a request's flags: refund, mode, overdraft.
+local function split(flags)
+  return flags % 2 == 1, floor(flags / 2) % 4, flags >= 8
 end
 
 local op = ARGV[1]
@@ -308,16 +343,16 @@ local now = clock(ARGV[2])
 if op == "u" then
   local args, pos = ARGV[3], 1
   for i = 1, #KEYS do
-    local rate, period, burst, dus, df
-    rate, period, burst, dus, df, pos = unpack("<ddddd", args, pos)
-    local L = limit_of(rate, period, burst)
+    local rate, period, burst, dus, df, od
+    rate, period, burst, dus, df, od, pos = unpack("<dddddd", args, pos)
+    local L = limit_of(rate, period, burst, od == 1)
     local s = load(KEYS[i])
     local tus, tf = current(s, L, now)
     tus, tf = sub(tus, tf, dus, df, rate)
     if less(tus, tf, now, 0) then
       tus, tf = now, 0
     end
-    local mus, mf = add(now, 0, L[6], L[7], rate)
+    local mus, mf = add(now, 0, L[11], L[12], rate)
     if less(mus, mf, tus, tf) then
       tus, tf = mus, mf
     end
@@ -363,12 +398,18 @@ local function emit(p)
   out[nout] = p
 end
 
--- apply decides a request of cost under L on the state s, or refunds it when its flags say so.
-local function apply(s, L, cost, flags)
-  if flags % 2 == 1 then
+-- apply decides a request of cost under L on the state s, or refunds it.
+local function apply(s, L, cost, refunds)
+  if refunds then
     return refund(s, L, now, cost)
   end
   return decide(s, L, now, cost)
+end
+
+-- refuses says whether a denied request refuses its batch: not an overdraft charge (see
+-- backend.Charged), which is charged all the same.
+local function refuses(L, cost, refunds)
+  return not (L[10] and cost > 0 and not refunds)
 end
 
 -- single decides a batch of one key, KEYS[k0 + 1], as batch does, without its tables: most
@@ -376,12 +417,13 @@ end
 local function single(k0, args, quota_refuse)
   local key = KEYS[k0 + 1]
   local rate, period, burst, cost, flags = unpack("<ddddd", args)
-  local L = limit_of(rate, period, burst)
+  local refunds = flags % 2 == 1
+  local L = limit_of(rate, period, burst, flags >= 8)
   local s = state(key)
-  local ns, ok, rem, retry, reset = apply(s, L, cost, flags)
+  local ns, ok, rem, retry, reset = apply(s, L, cost, refunds)
   local charge = quota_refuse >= 0
-  if ok == 0 then
-    local mode = floor(flags / 2)
+  if ok == 0 and refuses(L, cost, refunds) then
+    local mode = floor(flags / 2) % 4
     if mode == 0 or (mode == 2 and quota_refuse == 1) then
       charge = false
     end
@@ -410,17 +452,17 @@ local function batch(k0, args, quota_refuse, multi)
     local key = KEYS[k0 + i]
     local rate, period, burst, cost, flags
     rate, period, burst, cost, flags, pos = unpack("<ddddd", args, pos)
-    local L = limit_of(rate, period, burst)
+    local refunds, mode, od = split(flags)
+    local L = limit_of(rate, period, burst, od)
     lim[i] = L
     local s = cur[key]
     if s == nil then
       s = state(key)
     end
-    local ns, ok, rem, retry, reset = apply(s, L, cost, flags)
+    local ns, ok, rem, retry, reset = apply(s, L, cost, refunds)
     cur[key] = ns
     last[key] = i
-    if ok == 0 then
-      local mode = floor(flags / 2)
+    if ok == 0 and refuses(L, cost, refunds) then
       if mode == 0 then
         enforce_denied = true
       elseif mode == 2 then

@@ -95,6 +95,7 @@ var (
 	_ backend.Health      = (*Backend)(nil)
 	_ backend.CachePurger = (*Backend)(nil)
 	_ backend.CacheStats  = (*Backend)(nil)
+	_ backend.Resetter    = (*Backend)(nil)
 )
 
 // Errors, each wrapping backend.ErrUnavailable.
@@ -248,6 +249,34 @@ func (b *Backend) PurgeCache() {
 	if b.cache != nil {
 		b.cache.c.Purge()
 	}
+}
+
+// Reset implements backend.Resetter: it deletes the keys' states in Redis (one DEL per key, in
+// one pipeline, so that Cluster slots do not matter) and drops them from this process's local
+// cache. Other replicas' local caches may still deny such a key until the instant they cached.
+func (b *Backend) Reset(ctx context.Context, keys []string) error {
+	if len(keys) == 0 {
+		return nil
+	}
+	if !b.br.allow() {
+		return errOpen
+	}
+	ctx, cancel := context.WithTimeout(ctx, max(b.timeout, time.Second))
+	defer cancel()
+	pipe := b.rdb.Pipeline()
+	for _, k := range keys {
+		pipe.Del(ctx, storedKey(b.prefix, k))
+	}
+	_, err := pipe.Exec(ctx)
+	if b.cache != nil {
+		for _, k := range keys {
+			b.cache.c.Remove(k)
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("redis backend: reset: %w", classify(err))
+	}
+	return nil
 }
 
 // CacheHits implements backend.CacheStats: how many decisions the local over-limit cache

@@ -272,7 +272,8 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 			limits := make([]backend.Limit, len(keys))
 			for i := range keys {
 				keys[i] = "batch-" + strconv.Itoa(i)
-				limits[i] = backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8)}
+				limits[i] = backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8),
+					Overdraft: i%2 == 1}
 			}
 			ctx := context.Background()
 			read := func() map[string]backend.State {
@@ -284,7 +285,7 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 				}
 				return got
 			}
-			var multi, refused, aboveBurst int
+			var multi, refused, aboveBurst, checks, debts, overdrawn, saturated int
 			for step := range steps {
 				now += rng.Int64N(300_000)
 				reqs := make([]backend.Request, 1+rng.IntN(5))
@@ -292,14 +293,26 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 					k := rng.IntN(len(keys))
 					reqs[i] = backend.Request{Key: keys[k], Limit: limits[k], Cost: rng.Int64N(4),
 						Refund: rng.IntN(8) == 0, Mode: backend.Mode(rng.IntN(3))}
-					switch rng.IntN(20) {
-					case 0:
-						reqs[i].Limit = backend.Limit{Rate: 0, Period: time.Second}
-					case 1:
+					switch rng.IntN(40) {
+					case 0, 1:
+						reqs[i].Limit = backend.Limit{Rate: 0, Period: time.Second, Overdraft: limits[k].Overdraft}
+					case 2, 3:
 						reqs[i].Cost = limits[k].Burst + 1 + rng.Int64N(1<<20)
+					case 4:
+						// Saturates an overdraft key's debt at MaxTolerance.
+						reqs[i].Cost = 1 << 40
+					case 5:
+						// The rule changed: a debt is re-expressed (and forgiven) under it.
+						reqs[i].Limit.Rate++
+					case 6, 7:
+						// A check of a key that may be in debt.
+						reqs[i].Cost, reqs[i].Refund = 0, false
 					}
 					if reqs[i].Cost > reqs[i].Limit.Burst {
 						aboveBurst++
+					}
+					if reqs[i].Cost == 0 && !reqs[i].Refund {
+						checks++
 					}
 				}
 				before := read()
@@ -309,7 +322,19 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 				}
 				want := make([]backend.Decision, len(reqs))
 				next := make([]backend.State, len(reqs))
-				wantOK := backend.DecideBatch(states, reqs, now, want, next)
+				wantCharged := backend.DecideBatch(states, reqs, now, want, next)
+				wantOK := backend.Admitted(reqs, want)
+				for i, r := range reqs {
+					if r.OverdraftCharge() && !want[i].Allowed && wantCharged {
+						overdrawn++
+					}
+					if r.Limit.Overdraft && r.Limit.Rate > 0 && !states[i].Fresh(now) && states[i].TAT-now > r.Limit.Period.Microseconds()*r.Limit.Burst/r.Limit.Rate {
+						debts++
+						if states[i].TAT-now >= int64(backend.MaxTolerance/time.Microsecond)-int64(10*time.Minute/time.Microsecond) {
+							saturated++
+						}
+					}
+				}
 				got := make([]backend.Decision, len(reqs))
 				gotOK, err := b.Decide(ctx, reqs, got)
 				if err != nil {
@@ -318,7 +343,7 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 				if j := newJob(); j.plan(b, reqs, make([]backend.Decision, len(reqs))) == nil && len(j.calls) > 1 {
 					multi++
 				}
-				if !wantOK {
+				if !wantCharged {
 					refused++
 				}
 				if gotOK != wantOK || fmt.Sprint(got) != fmt.Sprint(want) {
@@ -328,7 +353,7 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 				// refused, what was there. An undone charge may leave a key that held no usage
 				// deleted rather than as it was: compare what each key holds now.
 				wantStored := maps.Clone(before)
-				if wantOK {
+				if wantCharged {
 					for i, r := range reqs {
 						if r.Limit.Rate == 0 {
 							continue
@@ -337,19 +362,34 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 					}
 				}
 				after := read()
+				// A batch that changed a key's rule and was undone across slots leaves the key
+				// as the new rule sees it (a debt under the old one forgiven): compare it so.
+				changed := map[string]backend.Limit{}
+				for _, r := range reqs {
+					if r.Limit.Rate > 0 {
+						changed[r.Key] = r.Limit
+					}
+				}
 				for k, l := range limits {
 					w, g := wantStored[keys[k]], after[keys[k]]
+					if c, ok := changed[keys[k]]; ok && c != l && !wantCharged {
+						l = c
+					}
 					_, wd := backend.Decide(w, l, now, 0)
 					_, gd := backend.Decide(g, l, now, 0)
-					exact := wantOK || len(j(b, reqs)) == 1
+					exact := wantCharged || len(j(b, reqs)) == 1
 					if (exact && !w.Fresh(now) && g != w) || wd != gd {
-						t.Fatalf("step %d: key %s stored %+v, want %+v (batch %+v, admitted %v)", step, keys[k], g, w, reqs, wantOK)
+						t.Fatalf("step %d: key %s stored %+v, want %+v (batch %+v, charged %v)", step, keys[k], g, w, reqs, wantCharged)
 					}
 				}
 			}
-			t.Logf("%d batches, %d refused, %d spanning slots, %d requests above their burst", steps, refused, multi, aboveBurst)
+			t.Logf("%d batches, %d refused, %d spanning slots, %d requests above their burst, %d checks, %d requests on keys in debt (%d saturated), %d charged into debt",
+				steps, refused, multi, aboveBurst, checks, debts, saturated, overdrawn)
 			if tc.env == clusterEnv && multi < steps/3 {
 				t.Fatalf("only %d batches spanned slots", multi)
+			}
+			if !testing.Short() && (checks < steps/4 || debts < steps/10 || saturated == 0 || overdrawn < steps/20) {
+				t.Fatalf("the batches exercised too little: %d checks, %d on keys in debt, %d saturated, %d charged into debt", checks, debts, saturated, overdrawn)
 			}
 		})
 	}
@@ -382,7 +422,8 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 	limits := make([]backend.Limit, len(keys))
 	for i := range keys {
 		keys[i] = "merged-" + strconv.Itoa(i)
-		limits[i] = backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8)}
+		limits[i] = backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8),
+			Overdraft: i%2 == 1}
 	}
 	ctx := context.Background()
 	refusedBetween := 0
@@ -401,8 +442,11 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 				k := rng.IntN(len(keys))
 				c.reqs[i] = backend.Request{Key: keys[k], Limit: limits[k], Cost: rng.Int64N(4),
 					Refund: rng.IntN(8) == 0, Mode: backend.Mode(rng.IntN(3))}
-				if rng.IntN(20) == 0 {
+				switch rng.IntN(20) {
+				case 0:
 					c.reqs[i].Limit = backend.Limit{Rate: 0, Period: time.Second}
+				case 1:
+					c.reqs[i].Cost = limits[k].Burst + 1 + rng.Int64N(100) // into debt under overdraft
 				}
 			}
 			c.out = make([]backend.Decision, len(c.reqs))
@@ -424,8 +468,8 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 				if gotOK, err = c.j.settleCalls(ctx, b, c.reqs, c.out); err != nil {
 					t.Fatalf("round %d batch %d: %v", round, n, err)
 				}
-				if c.j.calls[0].charged != wantOK {
-					t.Fatalf("round %d batch %d: charged=%v, want %v", round, n, c.j.calls[0].charged, wantOK)
+				if wantCharged := backend.Charged(c.reqs, want); c.j.calls[0].charged != wantCharged {
+					t.Fatalf("round %d batch %d: charged=%v, want %v", round, n, c.j.calls[0].charged, wantCharged)
 				}
 			}
 			if gotOK != wantOK || fmt.Sprint(c.out) != fmt.Sprint(want) {

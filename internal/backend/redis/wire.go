@@ -29,7 +29,7 @@ const (
 	valuesPerKey  = 5 // rate, period, burst, cost, flags
 	decisionWords = 4 // allowed, remaining, retry_us, reset_us
 	multiWords    = 4 // check remaining, check reset_us, delta_us, delta_frac
-	undoPerKey    = 5 // rate, period, burst, delta_us, delta_frac
+	undoPerKey    = 6 // rate, period, burst, delta_us, delta_frac, overdraft
 	stateBytes    = 32
 )
 
@@ -68,9 +68,13 @@ func (c *call) add(key string, r *backend.Request) {
 	if r.Refund {
 		flags++
 	}
-	// Any cost beyond the burst is denied (or refunds the whole burst) and any below 0 charges
-	// nothing, so the clamp changes no result and keeps the double exact.
-	cost := min(max(r.Cost, 0), r.Limit.Burst+1)
+	if r.Limit.Overdraft {
+		flags += 8
+	}
+	// Any cost beyond the burst is denied (or refunds the whole burst), any beyond MaxCharge
+	// overdraws as much, and any below 0 charges nothing, so the clamp changes no result and
+	// keeps the double exact.
+	cost := r.Limit.ClampCost(r.Cost)
 	c.keys = append(c.keys, key)
 	c.vals = appendDoubles(c.vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, cost, flags)
 }

@@ -1,0 +1,132 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/rls-project/rls/internal/service"
+)
+
+// usageConfig holds the flags of the key endpoints (/v1/keys on --http-addr).
+type usageConfig struct {
+	adminTokenFile string
+	token          []byte // read from adminTokenFile by load
+}
+
+// usageFlags registers the key endpoints' flags on fs.
+func usageFlags(fs *flag.FlagSet) *usageConfig {
+	uc := &usageConfig{}
+	fs.StringVar(&uc.adminTokenFile, "admin-token-file", "",
+		"file holding the bearer token that may reset keys (POST/DELETE /v1/keys on --http-addr); empty: resetting is off (404)")
+	return uc
+}
+
+// load reads the admin token, when a file is given: one line, surrounding white space dropped.
+func (uc *usageConfig) load() error {
+	if uc == nil || uc.adminTokenFile == "" {
+		return nil
+	}
+	b, err := os.ReadFile(uc.adminTokenFile)
+	if err != nil {
+		return fmt.Errorf("--admin-token-file: %w", err)
+	}
+	uc.token = bytes.TrimSpace(b)
+	if len(uc.token) < 16 {
+		return fmt.Errorf("--admin-token-file %s: the token must be at least 16 bytes", uc.adminTokenFile)
+	}
+	return nil
+}
+
+// mount adds /v1/keys to mux and returns it.
+func (uc *usageConfig) mount(mux *http.ServeMux, svc *service.Service, log *slog.Logger) *http.ServeMux {
+	var token []byte
+	if uc != nil {
+		token = uc.token
+	}
+	mux.Handle("/v1/keys", svc.KeysHandler(service.KeysOptions{AdminToken: token, Logger: log}))
+	return mux
+}
+
+// runKeys is `rls inspect` (reset false) and `rls reset`: it calls /v1/keys on a running rls
+// and prints the answer.
+func runKeys(ctx context.Context, name string, args, env []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "http://localhost:8080", "rls HTTP address (--http-addr)")
+	domain := fs.String("domain", "example", "rate-limit domain")
+	timeout := fs.Duration("timeout", 5*time.Second, "deadline for the call")
+	tokenFile := fs.String("admin-token-file", "", "reset: file holding the admin token (as given to rls serve)")
+	var descs []string
+	fs.Func("descriptor", "a descriptor as key=value[,key=value...]; repeat for several; arguments after the flags count too",
+		func(s string) error { descs = append(descs, s); return nil })
+	if err := parseFlags(fs, args, env); err != nil {
+		return err
+	}
+	descs = append(descs, fs.Args()...)
+	if len(descs) == 0 {
+		fmt.Fprintf(stderr, "rls %s: give at least one descriptor, e.g. rls %s --domain ai api_key=k1,model=m\n", name, name)
+		return errUsage
+	}
+	for _, d := range descs {
+		if _, err := service.ParseDescriptor(d); err != nil {
+			fmt.Fprintf(stderr, "rls %s: %v\n", name, err)
+			return errUsage
+		}
+	}
+	base := *addr
+	if !strings.Contains(base, "://") {
+		base = "http://" + base
+	}
+	q := url.Values{"domain": {*domain}, "descriptor": descs}
+	method := http.MethodGet
+	var token []byte
+	if name == "reset" {
+		method = http.MethodPost
+		if *tokenFile == "" {
+			fmt.Fprintln(stderr, "rls reset: give --admin-token-file")
+			return errUsage
+		}
+		b, err := os.ReadFile(*tokenFile)
+		if err != nil {
+			return err
+		}
+		token = bytes.TrimSpace(b)
+	}
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(base, "/")+"/v1/keys?"+q.Encode(), nil)
+	if err != nil {
+		return err
+	}
+	if token != nil {
+		req.Header.Set("Authorization", "Bearer "+string(token))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, *addr, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != http.StatusOK {
+		msg := strings.TrimSpace(string(body))
+		if resp.StatusCode == http.StatusNotFound && name == "reset" {
+			msg += " (is rls serving with --admin-token-file?)"
+		}
+		return errors.New(resp.Status + ": " + msg)
+	}
+	_, err = stdout.Write(body)
+	return err
+}

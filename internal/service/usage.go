@@ -1,0 +1,260 @@
+package service
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/bits"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/descriptors"
+)
+
+// KeysOptions configures KeysHandler.
+type KeysOptions struct {
+	// AdminToken, when not empty, enables resetting keys (POST and DELETE) for requests that
+	// carry "Authorization: Bearer <AdminToken>". Empty: resetting answers 404.
+	AdminToken []byte
+	// Logger records every reset, with who asked (the remote address) and what was reset
+	// (default: the service's logger).
+	Logger *slog.Logger
+}
+
+// KeyLimit is the state of one limit of a descriptor, as /v1/keys reports it.
+type KeyLimit struct {
+	Name            string `json:"name,omitempty"`
+	RequestsPerUnit uint32 `json:"requests_per_unit"`
+	Unit            string `json:"unit"`
+	UnitMultiplier  uint32 `json:"unit_multiplier"`
+	Burst           uint32 `json:"burst"`
+	Overdraft       bool   `json:"overdraft,omitempty"`
+	// Remaining is what would be admitted now: 0 while in debt.
+	Remaining int64 `json:"remaining"`
+	// ResetAfter is the time until the key is back to a full burst, in seconds.
+	ResetAfter float64 `json:"reset_after_seconds"`
+	// InDebt says the key was charged past its limit (overdraft): every request is denied
+	// until RepaidAfter (seconds) has passed; Debt is how far past, in hits (rounded up).
+	InDebt      bool    `json:"in_debt"`
+	Debt        int64   `json:"debt,omitempty"`
+	RepaidAfter float64 `json:"repaid_after_seconds,omitempty"`
+}
+
+// KeyDescriptor is one descriptor of a /v1/keys query: the rule it matched and its limits.
+type KeyDescriptor struct {
+	Entries []descriptors.Entry `json:"entries"`
+	Rule    string              `json:"rule,omitempty"` // the matched rule's path; empty: none
+	Limits  []KeyLimit          `json:"limits"`
+}
+
+// KeysResult is the answer of /v1/keys.
+type KeysResult struct {
+	Domain      string          `json:"domain"`
+	Reset       int             `json:"reset,omitempty"` // keys reset (POST, DELETE)
+	Descriptors []KeyDescriptor `json:"descriptors"`
+}
+
+// KeysHandler serves /v1/keys?domain=D&descriptor=k=v,k2=v2 (descriptor may repeat; a key or
+// value may be percent-encoded, %2C for a comma):
+//
+//   - GET reads the state of every limit the descriptors match, as the next request would see
+//     it, and charges nothing.
+//   - POST or DELETE resets those keys (a full burst, no debt) and answers their state after.
+//     It answers 404 unless opts.AdminToken is set, and 403, changing nothing, unless the
+//     request carries that token as a bearer token (compared in constant time).
+func (s *Service) KeysHandler(opts KeysOptions) http.Handler {
+	log := opts.Logger
+	if log == nil {
+		log = s.log
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		reset := false
+		switch r.Method {
+		case http.MethodGet, http.MethodHead:
+		case http.MethodPost, http.MethodDelete:
+			if len(opts.AdminToken) == 0 {
+				http.NotFound(w, r)
+				return
+			}
+			if !authorized(r, opts.AdminToken) {
+				log.Warn("key reset refused: wrong or missing admin token", "remote", r.RemoteAddr)
+				http.Error(w, "forbidden", http.StatusForbidden)
+				return
+			}
+			reset = true
+		default:
+			w.Header().Set("Allow", "GET, HEAD, POST, DELETE")
+			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+			return
+		}
+		req, err := keysQuery(r.URL.Query())
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		rs := s.Rules()
+		if rs == nil {
+			http.Error(w, "no rules loaded yet", http.StatusServiceUnavailable)
+			return
+		}
+		var wk work
+		s.translate(rs, req, &wk, true)
+		res := KeysResult{Domain: req.GetDomain(), Descriptors: make([]KeyDescriptor, len(req.Descriptors))}
+		for i, d := range req.Descriptors {
+			kd := &res.Descriptors[i]
+			for _, e := range d.Entries {
+				kd.Entries = append(kd.Entries, descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()})
+			}
+			kd.Limits = []KeyLimit{}
+			if ru := wk.descs[i].rule; ru != nil {
+				kd.Rule = ru.Path
+			}
+		}
+		if reset {
+			rb, ok := s.backend.(backend.Resetter)
+			if !ok {
+				http.Error(w, "this backend cannot reset keys", http.StatusNotImplemented)
+				return
+			}
+			keys := make([]string, 0, len(wk.items))
+			for k := range wk.items {
+				keys = append(keys, wk.items[k].req.Key)
+			}
+			if err := rb.Reset(r.Context(), keys); err != nil {
+				http.Error(w, clientMessage(err), statusOf(err))
+				return
+			}
+			res.Reset = len(keys)
+			// An audit record of an operator's write, rare by nature: it names what was reset so
+			// that support can tell, and never the token.
+			log.Info("keys reset", "remote", r.RemoteAddr, "domain", req.GetDomain(), "descriptors", describe(res.Descriptors), "keys", len(keys))
+		}
+		if len(wk.items) > 0 {
+			reqs := make([]backend.Request, len(wk.items))
+			for k := range wk.items {
+				reqs[k] = backend.Request{Key: wk.items[k].req.Key, Limit: wk.items[k].req.Limit, Mode: backend.Shadow}
+			}
+			decs := make([]backend.Decision, len(reqs))
+			if _, err := s.backend.Decide(r.Context(), reqs, decs); err != nil {
+				http.Error(w, clientMessage(err), statusOf(err))
+				return
+			}
+			for k := range wk.items {
+				it := &wk.items[k]
+				kd := &res.Descriptors[it.desc]
+				kd.Limits = append(kd.Limits, keyLimit(it.limit, decs[k]))
+			}
+		}
+		writeJSON(w, http.StatusOK, res)
+	})
+}
+
+// keyLimit reports limit l from a check (cost 0) of its key.
+func keyLimit(l *descriptors.Limit, d backend.Decision) KeyLimit {
+	kl := KeyLimit{
+		Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit.String(), UnitMultiplier: l.UnitMultiplier,
+		Burst: l.Burst, Overdraft: l.GCRA.Overdraft, Remaining: d.Remaining, ResetAfter: d.ResetAfter.Seconds(),
+	}
+	// A check is denied only in debt (or under a rate of 0, which holds no state).
+	if !d.Allowed && l.GCRA.Rate > 0 {
+		kl.InDebt, kl.Remaining = true, 0
+		kl.RepaidAfter = d.RetryAfter.Seconds()
+		kl.Debt = debtHits(d.RetryAfter, l.GCRA)
+	}
+	return kl
+}
+
+// debtHits is the number of hits a debt of span d holds under l, rounded up.
+func debtHits(d time.Duration, l backend.Limit) int64 {
+	us := uint64(d / time.Microsecond)
+	hi, lo := bits.Mul64(us, uint64(l.Rate))
+	p := uint64(l.Period / time.Microsecond)
+	if hi >= p {
+		return 1<<63 - 1
+	}
+	q, r := bits.Div64(hi, lo, p)
+	if r > 0 {
+		q++
+	}
+	return int64(q)
+}
+
+func describe(ds []KeyDescriptor) string {
+	var b strings.Builder
+	for i, d := range ds {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		for j, e := range d.Entries {
+			if j > 0 {
+				b.WriteByte(',')
+			}
+			b.WriteString(e.Key + "=" + e.Value)
+		}
+	}
+	return b.String()
+}
+
+// authorized reports whether r carries token as its bearer token, compared in constant time.
+func authorized(r *http.Request, token []byte) bool {
+	h := r.Header.Get("Authorization")
+	got, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(got)), token) == 1
+}
+
+func statusOf(err error) int {
+	if errors.Is(err, backend.ErrUnavailable) {
+		return http.StatusServiceUnavailable
+	}
+	return http.StatusInternalServerError
+}
+
+// keysQuery reads a /v1/keys query into a request with one descriptor per descriptor parameter.
+func keysQuery(q url.Values) (*rlsv3.RateLimitRequest, error) {
+	req := &rlsv3.RateLimitRequest{Domain: q.Get("domain")}
+	for _, p := range q["descriptor"] {
+		d, err := ParseDescriptor(p)
+		if err != nil {
+			return nil, err
+		}
+		req.Descriptors = append(req.Descriptors, d)
+	}
+	if len(req.Descriptors) == 0 {
+		return nil, errors.New("give at least one descriptor=key=value,key2=value2")
+	}
+	if err := validate(req); err != nil {
+		return nil, err
+	}
+	return req, nil
+}
+
+// ParseDescriptor reads "key=value,key2=value2" into a descriptor; a key or value may be
+// percent-encoded (%2C for a comma, %3D for '=').
+func ParseDescriptor(s string) (*ratelimitv3.RateLimitDescriptor, error) {
+	d := &ratelimitv3.RateLimitDescriptor{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("descriptor %q: want key=value,key2=value2", s)
+		}
+		var err error
+		if k, err = url.PathUnescape(k); err == nil {
+			v, err = url.PathUnescape(v)
+		}
+		if err != nil {
+			return nil, fmt.Errorf("descriptor %q: %v", s, err)
+		}
+		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: k, Value: v})
+	}
+	return d, nil
+}

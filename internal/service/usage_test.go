@@ -1,0 +1,228 @@
+package service
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/descriptors"
+)
+
+const tokenRules = `
+domain: ai
+descriptors:
+  - key: api_key
+    descriptors:
+      - key: model
+        rate_limit: {unit: minute, requests_per_unit: 1000, overdraft: true}
+  - key: plain_key
+    descriptors:
+      - key: model
+        rate_limit: {unit: minute, requests_per_unit: 1000}
+  - key: route
+    rate_limit: {unit: minute, requests_per_unit: 2}
+`
+
+type usageFixture struct {
+	svc   *Service
+	mem   *backend.Memory
+	clock time.Time
+}
+
+func newUsageFixture(t *testing.T) *usageFixture {
+	t.Helper()
+	rs, err := descriptors.Parse(map[string][]byte{"ai.yaml": []byte(tokenRules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &usageFixture{clock: time.Unix(1_800_000_000, 0)}
+	if f.mem, err = backend.NewMemory(backend.MemoryOptions{Now: func() time.Time { return f.clock }}); err != nil {
+		t.Fatal(err)
+	}
+	if f.svc, err = New(rs, Options{Backend: f.mem}); err != nil {
+		t.Fatal(err)
+	}
+	return f
+}
+
+// tokens is a descriptor with a per-descriptor hits_addend (nil: none).
+func tokens(key, model string, hits *uint64) *ratelimitv3.RateLimitDescriptor {
+	d := desc(key, "k1", "model", model)
+	if hits != nil {
+		d.HitsAddend = wrapperspb.UInt64(*hits)
+	}
+	return d
+}
+
+func u64(v uint64) *uint64 { return &v }
+
+func (f *usageFixture) ask(t *testing.T, hits uint32, ds ...*ratelimitv3.RateLimitDescriptor) *rlsv3.RateLimitResponse {
+	t.Helper()
+	resp, err := f.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "ai", Descriptors: ds, HitsAddend: hits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp
+}
+
+// TestUsageSequence: the issue's sequence through the service: 800 then 5000 tokens reported on
+// a 1000-a-minute key put it 4800 tokens in debt, and checks are denied for 4.8 minutes, with
+// limit_remaining 0 and duration_until_reset the time until repaid; without overdraft the 5000
+// are denied and not charged.
+func TestUsageSequence(t *testing.T) {
+	f := newUsageFixture(t)
+	for _, tc := range []struct {
+		name      string
+		key       string
+		hits      *uint64
+		reqHits   uint32
+		advance   time.Duration
+		code      string
+		remaining uint32
+		reset     time.Duration
+	}{
+		{"check", "api_key", u64(0), 0, 0, "OK OK", 1000, 0},
+		{"report 800", "api_key", u64(800), 0, 0, "OK OK", 200, 48 * time.Second},
+		{"report 5000: over, charged", "api_key", u64(5000), 0, 0, "OVER_LIMIT OVER_LIMIT", 200, 108 * time.Second},
+		{"check in debt", "api_key", u64(0), 0, 0, "OVER_LIMIT OVER_LIMIT", 0, 288 * time.Second},
+		{"request-level hits_addend 0 means 1: denied in debt", "api_key", nil, 0, 0, "OVER_LIMIT OVER_LIMIT", 0, 288*time.Second + 60*time.Millisecond},
+		{"check a microsecond before repaid", "api_key", u64(0), 0, 288*time.Second + 60*time.Millisecond - time.Microsecond, "OVER_LIMIT OVER_LIMIT", 0, time.Microsecond},
+		{"check when repaid: 0 remaining is admitted", "api_key", u64(0), 0, time.Microsecond, "OK OK", 0, 60 * time.Second},
+		{"plain: report 800", "plain_key", u64(800), 0, 0, "OK OK", 200, 48 * time.Second},
+		{"plain: report 5000 denied, not charged", "plain_key", u64(5000), 0, 0, "OVER_LIMIT OVER_LIMIT", 200, 108 * time.Second},
+		{"plain: check admitted", "plain_key", u64(0), 0, 0, "OK OK", 200, 48 * time.Second},
+		{"plain: request-level hits_addend 150", "plain_key", nil, 150, 0, "OK OK", 50, 57 * time.Second},
+	} {
+		f.clock = f.clock.Add(tc.advance)
+		r := f.ask(t, tc.reqHits, tokens(tc.key, "m", tc.hits))
+		st := r.Statuses[0]
+		if codesOf(r) != tc.code || st.LimitRemaining != tc.remaining || st.DurationUntilReset.AsDuration() != tc.reset {
+			t.Fatalf("%s: %s remaining %d reset %v, want %s %d %v", tc.name, codesOf(r), st.LimitRemaining, st.DurationUntilReset.AsDuration(), tc.code, tc.remaining, tc.reset)
+		}
+	}
+	// Another model is another key: untouched.
+	if r := f.ask(t, 0, tokens("api_key", "other", u64(0))); codesOf(r) != "OK OK" || r.Statuses[0].LimitRemaining != 1000 {
+		t.Fatalf("another key: %v", r)
+	}
+}
+
+// TestUsageAllOrNothing: an overdraft report beside an ordinary limit that denies is charged
+// nowhere; beside one that admits, both are charged and the answer is OVER_LIMIT.
+func TestUsageAllOrNothing(t *testing.T) {
+	f := newUsageFixture(t)
+	f.ask(t, 0, desc("route", "r"), desc("route", "r")) // route: 0 of 2 left
+	r := f.ask(t, 0, tokens("api_key", "m", u64(5000)), desc("route", "r"))
+	if codesOf(r) != "OVER_LIMIT OVER_LIMIT OVER_LIMIT" {
+		t.Fatalf("report beside a denial: %s", codesOf(r))
+	}
+	if r := f.ask(t, 0, tokens("api_key", "m", u64(0))); codesOf(r) != "OK OK" || r.Statuses[0].LimitRemaining != 1000 {
+		t.Fatalf("after a refused batch: %v, want nothing charged", r)
+	}
+	r = f.ask(t, 0, tokens("api_key", "m", u64(5000)), desc("route", "other"))
+	if codesOf(r) != "OVER_LIMIT OVER_LIMIT OK" || r.Statuses[1].LimitRemaining != 1 {
+		t.Fatalf("report beside an admission: %v", r)
+	}
+	if r := f.ask(t, 0, tokens("api_key", "m", u64(0))); codesOf(r) != "OVER_LIMIT OVER_LIMIT" {
+		t.Fatalf("after a charged batch: %v, want the key in debt", r)
+	}
+}
+
+func keysRequest(t *testing.T, h http.Handler, method, query, token string) (*httptest.ResponseRecorder, KeysResult) {
+	t.Helper()
+	r := httptest.NewRequest(method, "/v1/keys?"+query, nil)
+	if token != "" {
+		r.Header.Set("Authorization", "Bearer "+token)
+	}
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, r)
+	var res KeysResult
+	if w.Code == http.StatusOK {
+		if err := json.Unmarshal(w.Body.Bytes(), &res); err != nil {
+			t.Fatalf("%s: %v", w.Body, err)
+		}
+	}
+	return w, res
+}
+
+func TestKeysHandler(t *testing.T) {
+	f := newUsageFixture(t)
+	f.ask(t, 0, tokens("api_key", "m", u64(800)))
+	f.ask(t, 0, tokens("api_key", "m", u64(5000)))
+	f.ask(t, 0, tokens("api_key", "other", u64(10)))
+	const q = "domain=ai&descriptor=api_key=k1,model=m"
+	var logs strings.Builder
+	on := f.svc.KeysHandler(KeysOptions{AdminToken: []byte("s3cret"), Logger: testLogger(&logs)})
+	off := f.svc.KeysHandler(KeysOptions{})
+
+	inspect := func(h http.Handler) KeyLimit {
+		t.Helper()
+		w, res := keysRequest(t, h, http.MethodGet, q, "")
+		if w.Code != http.StatusOK || len(res.Descriptors) != 1 || len(res.Descriptors[0].Limits) != 1 {
+			t.Fatalf("inspect: %d %s", w.Code, w.Body)
+		}
+		return res.Descriptors[0].Limits[0]
+	}
+	want := KeyLimit{RequestsPerUnit: 1000, Unit: "minute", UnitMultiplier: 1, Burst: 1000, Overdraft: true,
+		ResetAfter: 348, InDebt: true, Debt: 4800, RepaidAfter: 288}
+	for range 2 { // reading charges nothing
+		if got := inspect(off); got != want {
+			t.Fatalf("inspect: %+v, want %+v", got, want)
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		h      http.Handler
+		method string
+		token  string
+		code   int
+	}{
+		{"no token file: 404", off, http.MethodPost, "s3cret", http.StatusNotFound},
+		{"no token file, DELETE: 404", off, http.MethodDelete, "", http.StatusNotFound},
+		{"no token: 403", on, http.MethodPost, "", http.StatusForbidden},
+		{"wrong token: 403", on, http.MethodDelete, "s3cre", http.StatusForbidden},
+		{"longer token: 403", on, http.MethodDelete, "s3cret2", http.StatusForbidden},
+		{"PUT: 405", on, http.MethodPut, "s3cret", http.StatusMethodNotAllowed},
+	} {
+		if w, _ := keysRequest(t, tc.h, tc.method, q, tc.token); w.Code != tc.code {
+			t.Fatalf("%s: %d %s, want %d", tc.name, w.Code, w.Body, tc.code)
+		}
+		if got := inspect(off); got != want {
+			t.Fatalf("%s: state changed: %+v", tc.name, got)
+		}
+	}
+	w, res := keysRequest(t, on, http.MethodPost, q, "s3cret")
+	if w.Code != http.StatusOK || res.Reset != 1 || res.Descriptors[0].Limits[0].Remaining != 1000 || res.Descriptors[0].Limits[0].InDebt {
+		t.Fatalf("reset: %d %s", w.Code, w.Body)
+	}
+	if r := f.ask(t, 0, tokens("api_key", "m", u64(0))); codesOf(r) != "OK OK" {
+		t.Fatalf("check after reset: %v", r)
+	}
+	_, other := keysRequest(t, off, http.MethodGet, "domain=ai&descriptor=api_key=k1,model=other", "")
+	if l := other.Descriptors[0].Limits[0]; l.Remaining != 990 {
+		t.Fatalf("another key after reset: %+v, want untouched", l)
+	}
+	if s := logs.String(); strings.Contains(s, "s3cre") || !strings.Contains(s, "keys reset") || !strings.Contains(s, "remote=") {
+		t.Fatalf("logs: %s", s)
+	}
+	for _, q := range []string{"domain=ai", "domain=ai&descriptor=novalue", "descriptor=a=b", "domain=ai&descriptor=a=%zz"} {
+		if w, _ := keysRequest(t, off, http.MethodGet, q, ""); w.Code != http.StatusBadRequest {
+			t.Fatalf("%s: %d, want 400", q, w.Code)
+		}
+	}
+	// No rule: no limits, and nothing to reset.
+	if w, res := keysRequest(t, on, http.MethodDelete, "domain=ai&descriptor=nope=x", "s3cret"); w.Code != http.StatusOK || res.Reset != 0 || len(res.Descriptors[0].Limits) != 0 {
+		t.Fatalf("no rule: %d %s", w.Code, w.Body)
+	}
+}
+
+func testLogger(w *strings.Builder) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }

@@ -81,8 +81,8 @@ func (l httpLimits) server(h http.Handler) *http.Server {
 	}
 }
 
-// mainMux is the HTTP listener's (--http-addr): probes, metrics and POST /json. It shows no
-// rules and no key's state.
+// mainMux is the HTTP listener's (--http-addr): probes, metrics, POST /json and /v1/keys (a
+// descriptor's state; its reset only with --admin-token-file). It shows no rules.
 func mainMux(svc *service.Service, ready *readiness, reg *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })

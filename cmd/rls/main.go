@@ -4,6 +4,8 @@
 //	rls [flags]                 serve (see rls -h)
 //	rls validate PATH           check rule files (or --config PATH); exit 1 with every error
 //	rls check [flags] k=v,...   ask a running server once and print the answer
+//	rls inspect [flags] k=v,... read a descriptor's state from a running server, charging nothing
+//	rls reset [flags] k=v,...   give a descriptor's budget back (needs the admin token)
 package main
 
 import (

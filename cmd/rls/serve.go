@@ -59,6 +59,7 @@ type serveConfig struct {
 	redis           *redisConfig
 	reload          *reloadConfig
 	xds             *xdsConfig
+	rlqs            *rlqsConfig
 
 	configAllFiles    bool
 	configDotFiles    bool
@@ -125,6 +126,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	c.redis = redisFlags(fs)
 	c.reload = reloadFlags(fs)
 	c.xds = xdsFlags(fs)
+	c.rlqs = rlqsFlags(fs)
 	if err := parseFlags(fs, args, env); err != nil {
 		return c, err
 	}

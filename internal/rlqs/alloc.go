@@ -148,7 +148,8 @@ func (b bucketState) heldByOthers(id string, now int64) int64 {
 // assign decides the share of proxy id at now: its max-min fair target, capped by what the
 // other proxies do not hold. A change smaller than hysteresis keeps the share held, so that
 // jitter in demand does not reset the proxy's token bucket; force says the proxy reported and
-// gets an answer whatever it is. It returns the share and whether to send it; when it is to be
+// gets an answer whatever it is. A share grows only to (nearly) its target, in one step. It
+// returns the share and whether to send it; when it is to be
 // sent, it is recorded as held until now + ttlMs.
 func (b bucketState) assign(id string, lim Limit, now, ttlMs int64, force bool) (Share, bool) {
 	p := b[id]
@@ -161,7 +162,14 @@ func (b bucketState) assign(id string, lim Limit, now, ttlMs int64, force bool) 
 	rate := min(target, room)
 	holding := p.HoldUntil >= now
 	hyst := max(lim.Rate/64, 1)
-	if holding && p.Held.Rate <= room && absInt64(rate-p.Held.Rate) < hyst && (rate == 0) == (p.Held.Rate == 0) {
+	switch {
+	case !holding:
+	case p.Held.Rate <= room && absInt64(rate-p.Held.Rate) < hyst && (rate == 0) == (p.Held.Rate == 0):
+		rate = p.Held.Rate
+	case rate > p.Held.Rate && p.Held.Rate > 0 && (rate < target-max(hyst, target/8) || rate-p.Held.Rate < p.Held.Rate/4):
+		// Envoy starts a new token bucket full, so every change hands out the proxy's burst
+		// again: a share grows once the others have released most of what it is to get, and
+		// not by less than a quarter.
 		rate = p.Held.Rate
 	}
 	s := Share{Rate: rate, Burst: burstFor(lim, rate)}

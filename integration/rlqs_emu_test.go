@@ -33,7 +33,7 @@ type emuLimiter struct {
 	tokens  float64
 	max     float64
 	fill    float64 // tokens per second
-	resets  int // strategies applied that replaced the bucket
+	resets  int     // strategies applied that replaced the bucket
 }
 
 func (l *emuLimiter) apply(s *typev3.RateLimitStrategy, ttl time.Duration, now time.Time) {

@@ -22,12 +22,14 @@ var (
 	demandDesc = prometheus.NewDesc("rls_rlqs_demand_rate",
 		"Requests per second this replica's proxies last reported for buckets of the rule (allowed + denied).", []string{"domain", "rule"}, nil)
 	streamsDesc = prometheus.NewDesc("rls_rlqs_streams", "Open RLQS streams.", nil, nil)
+	storeDesc   = prometheus.NewDesc("rls_rlqs_store_buckets",
+		"Buckets the in-memory share store keeps (proxies' demand and held shares; absent with Redis).", nil, nil)
 )
 
 type collector struct{ s *Server }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{proxiesDesc, bucketsDesc, assignedDesc, demandDesc, streamsDesc} {
+	for _, d := range []*prometheus.Desc{proxiesDesc, bucketsDesc, assignedDesc, demandDesc, streamsDesc, storeDesc} {
 		ch <- d
 	}
 }
@@ -63,6 +65,9 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		st.mu.Unlock()
 	}
 	ch <- prometheus.MustNewConstMetric(streamsDesc, prometheus.GaugeValue, float64(len(streams)))
+	if m, ok := c.s.store.(*Memory); ok {
+		ch <- prometheus.MustNewConstMetric(storeDesc, prometheus.GaugeValue, float64(m.Len()))
+	}
 	for k, a := range aggs {
 		ch <- prometheus.MustNewConstMetric(proxiesDesc, prometheus.GaugeValue, float64(a.proxies), k.domain, k.rule)
 		ch <- prometheus.MustNewConstMetric(bucketsDesc, prometheus.GaugeValue, float64(a.buckets), k.domain, k.rule)

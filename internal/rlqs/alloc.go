@@ -157,13 +157,16 @@ func (b bucketState) assign(id string, lim Limit, now, ttlMs int64, force bool) 
 		p = &proxyState{}
 		b[id] = p
 	}
-	target := b.targets(lim, now)[id]
+	targets := b.targets(lim, now)
+	target := targets[id]
 	room := max(lim.Rate-b.heldByOthers(id, now), 0)
 	rate := min(target, room)
 	holding := p.HoldUntil >= now
 	hyst := max(lim.Rate/64, 1)
 	switch {
 	case !holding:
+	case rate < p.Held.Rate && b.blocked(id, targets, hyst, now):
+		// Another proxy waits for room: give back all that is above the target.
 	case p.Held.Rate <= room && absInt64(rate-p.Held.Rate) < hyst && (rate == 0) == (p.Held.Rate == 0):
 		rate = p.Held.Rate
 	case rate > p.Held.Rate && p.Held.Rate > 0 && (rate < target-max(hyst, target/8) || rate-p.Held.Rate < p.Held.Rate/4):
@@ -178,6 +181,24 @@ func (b bucketState) assign(id string, lim Limit, now, ttlMs int64, force bool) 
 	}
 	p.Held, p.HoldUntil = s, now+ttlMs
 	return s, true
+}
+
+// blocked reports whether a proxy other than id holds well below its target (by the margin
+// that keeps it from growing), so that shares held a little above their targets must shrink.
+func (b bucketState) blocked(id string, targets map[string]int64, hyst, now int64) bool {
+	for pid, t := range targets {
+		if pid == id {
+			continue
+		}
+		held := int64(0)
+		if p := b[pid]; p.HoldUntil >= now {
+			held = p.Held.Rate
+		}
+		if t-held >= max(hyst, t/8) {
+			return true
+		}
+	}
+	return false
 }
 
 // burstFor is the part of the limit's burst that goes with rate: in proportion, rounded down, so

@@ -60,51 +60,134 @@ func TestMaxMinFairProperties(t *testing.T) {
 
 // TestAssignNeverOversubscribes drives one bucket with random demands, proxies that come and
 // go and random orders of decisions at fixed instants, checking at every step that the shares
-// held sum to no more than the limit.
+// held sum to no more than the limit less its reserve, and their max_tokens and the budget to
+// no more than the burst.
 func TestAssignNeverOversubscribes(t *testing.T) {
 	lim := Limit{Rate: 1000, PeriodMs: 1000, Burst: 1000}
 	const ttl = 1000
 	r := rand.New(rand.NewPCG(3, 4))
-	b := bucketState{}
+	b := newBucketState()
 	ids := []string{"a", "b", "c", "d", "e", "f"}
 	for step := range 5000 {
 		now := int64(step * 50)
 		id := ids[r.IntN(len(ids))]
+		b.advance(lim, now)
 		b.prune(now)
 		force := r.IntN(3) == 0
 		if force {
-			p := b[id]
-			if p == nil {
-				p = &proxyState{}
-				b[id] = p
-			}
+			p := b.proxy(id)
 			p.Demand, p.SeenUntil = float64(r.IntN(800)), now+ttl
 		}
 		b.assign(id, lim, now, ttl, force)
-		var rate, burst int64
-		for _, p := range b {
-			if p.HoldUntil >= now {
-				rate += p.Held.Rate
-				burst += p.Held.Burst
+		rate, tokens := b.held(now)
+		if rate > capacity(lim) || tokens*1000+b.budget.Milli > lim.Burst*1000 || b.budget.Milli < 0 {
+			t.Fatalf("step %d: held rate %d, max_tokens %d, budget %d milli > limit %+v", step, rate, tokens, b.budget.Milli, lim)
+		}
+	}
+}
+
+// emuBucket is a proxy's token bucket as Envoy's rate_limit_quota filter keeps it: a new one,
+// full, whenever the token bucket sent differs from the one in force or that one expired; the
+// same one when it is sent again in time. Tokens are in thousandths.
+type emuBucket struct {
+	share   Share
+	until   int64
+	milli   int64
+	updated int64
+}
+
+// TestAssignWindowBound is the guarantee that the budget exists for: proxies that take every
+// token the moment it is there, or idle and then spend everything at once, under random demands,
+// arrivals, departures and decision orders, never admit more than rate·T + burst over any window
+// of T, whatever T.
+func TestAssignWindowBound(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lim  Limit
+		seed uint64
+	}{
+		{"the scenario's limit", Limit{Rate: 1000, PeriodMs: 1000, Burst: 200}, 1},
+		{"burst larger than rate", Limit{Rate: 100, PeriodMs: 1000, Burst: 500}, 2},
+		{"per minute", Limit{Rate: 600, PeriodMs: 60000, Burst: 600}, 3},
+		{"tiny burst", Limit{Rate: 1000, PeriodMs: 1000, Burst: 7}, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lim := tc.lim
+			const ttl, step = 1000, 10
+			r := rand.New(rand.NewPCG(tc.seed, 9))
+			b := newBucketState()
+			ids := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+			buckets := map[string]*emuBucket{}
+			idle := map[string]bool{}
+			var admitted []int64 // per step
+			for i := range 6000 {
+				now := int64(i * step)
+				if i%100 == 0 { // demands shift now and then
+					for _, id := range ids {
+						idle[id] = r.IntN(3) == 0
+					}
+				}
+				for range 1 + r.IntN(3) {
+					id := ids[r.IntN(len(ids))]
+					b.advance(lim, now)
+					b.prune(now)
+					force := r.IntN(4) == 0
+					if force {
+						p := b.proxy(id)
+						p.Demand, p.SeenUntil = float64(r.IntN(int(lim.Rate)*2)), now+ttl
+					}
+					s, send := b.assign(id, lim, now, ttl, force)
+					if !send {
+						continue
+					}
+					eb := buckets[id]
+					if eb == nil || eb.until < now || eb.share != s {
+						eb = &emuBucket{share: s, milli: s.Burst * 1000, updated: now}
+						buckets[id] = eb
+					}
+					eb.until = now + ttl
+				}
+				var n int64
+				for id, eb := range buckets {
+					if eb.until < now || eb.share.Rate == 0 {
+						continue
+					}
+					eb.milli = min(eb.share.Burst*1000, eb.milli+eb.share.Rate*(now-eb.updated)*1000/lim.PeriodMs)
+					eb.updated = now
+					if !idle[id] {
+						n += eb.milli / 1000
+						eb.milli %= 1000
+					}
+				}
+				admitted = append(admitted, n)
 			}
-		}
-		if rate > lim.Rate || burst > lim.Burst {
-			t.Fatalf("step %d: held rate %d, burst %d > limit %+v", step, rate, burst, lim)
-		}
+			for _, w := range []int{1, 10, 50, 100, 300, 1000, 3000} { // steps
+				var sum int64
+				for i, a := range admitted {
+					sum += a
+					if i >= w {
+						sum -= admitted[i-w]
+					}
+					// A window of w steps spans (w-1)·step ms of refill between its first and last instant.
+					bound := lim.Rate*int64(w-1)*step/lim.PeriodMs + lim.Burst
+					if sum > bound {
+						t.Fatalf("window of %d ms ending at step %d: admitted %d > rate·T + burst = %d", w*step, i, sum, bound)
+					}
+				}
+			}
+		})
 	}
 }
 
 // TestAssignSteps follows a new proxy joining two that hold everything, at fixed instants.
 func TestAssignSteps(t *testing.T) {
-	lim := Limit{Rate: 900, PeriodMs: 1000, Burst: 90}
+	lim := Limit{Rate: 960, PeriodMs: 1000, Burst: 192} // reserve 30, capacity 930
 	const ttl = 1000
-	b := bucketState{}
+	b := newBucketState()
 	report := func(id string, demand float64, now int64) Share {
-		p := b[id]
-		if p == nil {
-			p = &proxyState{}
-			b[id] = p
-		}
+		b.advance(lim, now)
+		b.prune(now)
+		p := b.proxy(id)
 		p.Demand, p.SeenUntil = demand, now+ttl
 		s, _ := b.assign(id, lim, now, ttl, true)
 		return s
@@ -115,21 +198,22 @@ func TestAssignSteps(t *testing.T) {
 		demand float64
 		now    int64
 		want   Share
+		budget int64 // milli, after the step
 	}{
-		{"a alone gets everything", "a", 2000, 0, Share{900, 90}},
-		{"b joins: a holds it all", "b", 2000, 10, Share{0, 0}},
-		{"a reports: drops to half", "a", 2000, 100, Share{450, 45}},
-		{"b reports: gets the half a released", "b", 2000, 110, Share{450, 45}},
-		{"c joins", "c", 2000, 200, Share{0, 0}},
-		{"a drops to a third", "a", 2000, 300, Share{300, 30}},
-		{"b drops to a third", "b", 2000, 310, Share{300, 30}},
-		{"c gets its third", "c", 2000, 320, Share{300, 30}},
-		{"a idles: keeps its demand plus margin", "a", 10, 400, Share{11, 1}},
-		{"b grows into what a left", "b", 2000, 410, Share{445, 44}},
+		{"a alone gets everything less the reserve, with its part of half the burst", "a", 2000, 0, Share{930, 93}, 192000 - 93000},
+		{"b joins: a holds it all", "b", 2000, 10, Share{0, 0}, 99000},
+		{"a reports: drops to half, a new bucket paid from the budget", "a", 2000, 100, Share{465, 46}, 99000 - 46000},
+		{"b reports: gets the half a released", "b", 2000, 110, Share{465, 46}, 53000 + 4950 - 46000},
+		{"c joins", "c", 2000, 200, Share{0, 0}, 11950 + 2700},
+		{"a must shrink but the budget cannot pay for its new bucket: it keeps its half", "a", 2000, 300, Share{465, 46}, 14650 + 3000},
+		{"the reserve has refilled the budget: a drops to a third", "a", 2000, 800, Share{310, 31}, 17650 + 15000 - 31000},
+		{"b must wait in turn", "b", 2000, 810, Share{465, 46}, 1650 + 1850},
+		{"c waits for the budget too, holding nothing", "c", 2000, 820, Share{0, 0}, 3500 + 1850},
+		{"c gets what a released", "c", 2000, 1200, Share{155, 15}, 5350 + 70300 - 15000},
 	}
 	for _, st := range steps {
-		if got := report(st.id, st.demand, st.now); got != st.want {
-			t.Fatalf("%s: got %+v, want %+v", st.name, got, st.want)
+		if got := report(st.id, st.demand, st.now); got != st.want || b.budget.Milli != st.budget {
+			t.Fatalf("%s: got %+v and a budget of %d, want %+v and %d", st.name, got, b.budget.Milli, st.want, st.budget)
 		}
 	}
 }

@@ -214,9 +214,9 @@ func (s *Server) ExplainHandler() http.Handler {
 			return
 		}
 		now := s.now().UnixMilli()
-		bs := bucketState{}
+		bs := newBucketState()
 		for id, p := range state {
-			bs[id] = &p
+			bs.proxies[id] = &p
 		}
 		targets := bs.targets(pol.lim, now)
 		var proxies []explainProxyJSON

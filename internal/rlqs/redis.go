@@ -47,26 +47,25 @@ func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, rep
 		if err != nil {
 			return err
 		}
-		b := decodeBucket(raw)
+		b := decodeBucket(raw, now)
+		before := b.budget
+		b.advance(lim, now)
 		gone := b.prune(now)
 		if report != nil {
-			p := b[proxy]
-			if p == nil {
-				p = &proxyState{}
-				b[proxy] = p
-			}
+			p := b.proxy(proxy)
 			p.Demand, p.SeenUntil = *report, now+ttlMs
 		}
+		spent := b.budget
 		share, send = b.assign(proxy, lim, now, ttlMs, report != nil)
-		if report == nil && !send && len(gone) == 0 {
-			return nil // nothing changed: no write
+		if report == nil && !send && len(gone) == 0 && b.budget == spent && before.At != 0 {
+			return nil // nothing handed out or forgotten: no write (the budget refills when read)
 		}
 		_, err = tx.TxPipelined(ctx, func(p goredis.Pipeliner) error {
 			if len(gone) > 0 {
 				p.HDel(ctx, key, gone...)
 			}
-			p.HSet(ctx, key, proxy, encodeProxy(b[proxy]))
-			p.PExpire(ctx, key, ttlDuration(2*ttlMs))
+			p.HSet(ctx, key, proxy, encodeProxy(b.proxies[proxy]), budgetField, encodeBudget(b.budget))
+			p.PExpire(ctx, key, ttlDuration(forgetAfterMs(lim, ttlMs)))
 			return nil
 		})
 		return err
@@ -99,13 +98,11 @@ func (r *Redis) Leave(ctx context.Context, bucket, proxy string, now int64) erro
 		if !ok {
 			return nil
 		}
+		// The proxy is forgotten by the next Assign, which first refills the budget up to the
+		// end of its hold.
 		p.SeenUntil = 0
 		_, err = tx.TxPipelined(ctx, func(pl goredis.Pipeliner) error {
-			if p.HoldUntil < now {
-				pl.HDel(ctx, key, proxy)
-			} else {
-				pl.HSet(ctx, key, proxy, encodeProxy(&p))
-			}
+			pl.HSet(ctx, key, proxy, encodeProxy(&p))
 			return nil
 		})
 		return err
@@ -130,7 +127,7 @@ func (r *Redis) Peek(ctx context.Context, bucket string) (map[string]proxyState,
 		return nil, fmt.Errorf("rlqs: redis: %w", err)
 	}
 	out := map[string]proxyState{}
-	for id, p := range decodeBucket(raw) {
+	for id, p := range decodeBucket(raw, 0).proxies {
 		out[id] = *p
 	}
 	return out, nil
@@ -164,13 +161,44 @@ func decodeProxy(v string) (proxyState, bool) {
 	return p, true
 }
 
+// budgetField is the field of a bucket's hash that holds its budget; proxy ids never start with "~".
+const budgetField = "~budget"
+
+// encodeBudget writes a budget as "milli at".
+func encodeBudget(g budget) string {
+	return strconv.FormatInt(g.Milli, 10) + " " + strconv.FormatInt(g.At, 10)
+}
+
+// decodeBudget reads encodeBudget's form; ok is false for anything else.
+func decodeBudget(v string) (budget, bool) {
+	f := strings.Fields(v)
+	if len(f) != 2 {
+		return budget{}, false
+	}
+	milli, err1 := strconv.ParseInt(f[0], 10, 64)
+	at, err2 := strconv.ParseInt(f[1], 10, 64)
+	if err1 != nil || err2 != nil || milli < 0 || at <= 0 {
+		return budget{}, false
+	}
+	return budget{Milli: milli, At: at}, true
+}
+
 // decodeBucket reads a bucket's hash. A field it cannot read is dropped, and a proxy whose hold
-// it cannot read holds nothing: the hash is written only by rls, so this is a foreign key.
-func decodeBucket(raw map[string]string) bucketState {
-	b := make(bucketState, len(raw))
+// it cannot read holds nothing: the hash is written only by rls, so this is a foreign key. A
+// budget it cannot read is empty as of now, which hands out nothing until it refills.
+func decodeBucket(raw map[string]string, now int64) *bucketState {
+	b := &bucketState{proxies: make(map[string]*proxyState, len(raw))}
 	for id, v := range raw {
+		if id == budgetField {
+			g, ok := decodeBudget(v)
+			if !ok {
+				g = budget{At: now}
+			}
+			b.budget = g
+			continue
+		}
 		if p, ok := decodeProxy(v); ok {
-			b[id] = &p
+			b.proxies[id] = &p
 		}
 	}
 	return b

@@ -24,32 +24,29 @@ type Store interface {
 // Memory is a Store in this process. It is safe for concurrent use.
 type Memory struct {
 	mu        sync.Mutex
-	buckets   map[string]bucketState
+	buckets   map[string]*bucketState
 	lastSweep int64
 }
 
 var _ Store = (*Memory)(nil)
 
 // NewMemory returns an empty Memory store.
-func NewMemory() *Memory { return &Memory{buckets: map[string]bucketState{}} }
+func NewMemory() *Memory { return &Memory{buckets: map[string]*bucketState{}} }
 
 // Assign implements Store.
 func (m *Memory) Assign(_ context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Share, bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.sweepLocked(now)
 	b := m.buckets[bucket]
 	if b == nil {
-		b = bucketState{}
+		b = newBucketState()
 		m.buckets[bucket] = b
 	}
-	m.sweepLocked(now)
+	b.advance(lim, now)
 	b.prune(now)
 	if report != nil {
-		p := b[proxy]
-		if p == nil {
-			p = &proxyState{}
-			b[proxy] = p
-		}
+		p := b.proxy(proxy)
 		p.Demand, p.SeenUntil = *report, now+ttlMs
 	}
 	s, send := b.assign(proxy, lim, now, ttlMs, report != nil)
@@ -65,11 +62,12 @@ func (m *Memory) Leave(_ context.Context, bucket, proxy string, now int64) error
 	if b == nil {
 		return nil
 	}
-	if p := b[proxy]; p != nil {
+	if p := b.proxies[proxy]; p != nil {
 		p.SeenUntil = 0
 	}
+	b.advance(b.lim, now)
 	b.prune(now)
-	if len(b) == 0 {
+	if b.empty(now) {
 		delete(m.buckets, bucket)
 	}
 	return nil
@@ -79,7 +77,7 @@ func (m *Memory) Leave(_ context.Context, bucket, proxy string, now int64) error
 const sweepInterval = 1000 // ms
 
 // sweepLocked forgets, at most every sweepInterval, the proxies and buckets that hold nothing
-// and count for nothing at now. m.mu must be held.
+// and count for nothing at now (a bucket once its budget has refilled). m.mu must be held.
 func (m *Memory) sweepLocked(now int64) {
 	if now-m.lastSweep < sweepInterval {
 		return
@@ -97,7 +95,8 @@ func (m *Memory) Sweep(now int64) {
 
 func (m *Memory) sweepAllLocked(now int64) {
 	for k, b := range m.buckets {
-		if b.prune(now); len(b) == 0 {
+		b.advance(b.lim, now)
+		if b.prune(now); b.empty(now) {
 			delete(m.buckets, k)
 		}
 	}
@@ -115,8 +114,10 @@ func (m *Memory) Peek(_ context.Context, bucket string) (map[string]proxyState, 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := map[string]proxyState{}
-	for id, p := range m.buckets[bucket] {
-		out[id] = *p
+	if b := m.buckets[bucket]; b != nil {
+		for id, p := range b.proxies {
+			out[id] = *p
+		}
 	}
 	return out, nil
 }

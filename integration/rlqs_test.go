@@ -53,14 +53,15 @@ func rlqsPhases() []phase {
 }
 
 func rlqsArgs(extra ...string) []string {
-	return append([]string{"--rlqs-assignment-ttl", "1s", "--rlqs-tick", "50ms"}, extra...)
+	return append([]string{"--rlqs-assignment-ttl", "1s", "--rlqs-tick", "25ms"}, extra...)
 }
 
 // rlqsFigures are one run's measurements.
 type rlqsFigures struct {
 	name         string
-	util1, util2 float64       // admitted ÷ limit over [2 s, 8 s) and [10 s, 16 s)
-	max10        float64       // most admitted in any 10 s window
+	util1, util2 float64 // admitted ÷ limit over [2 s, 8 s) and [10 s, 16 s)
+	max10        float64 // most admitted in any 10 s window
+	samples      []shareSample
 	follow       time.Duration // from the shift until the new heavy proxies hold ≥ 90% of their fair shares; -1: never
 }
 
@@ -68,12 +69,12 @@ func (f rlqsFigures) over() float64 { return f.max10 - 10*rlqsLimit }
 
 func measure(name string, r emuResult) rlqsFigures {
 	f := rlqsFigures{name: name, util1: r.admitted(2*time.Second, rlqsShiftAt) / (6 * rlqsLimit),
-		util2: r.admitted(10*time.Second, rlqsTotal) / (6 * rlqsLimit), max10: r.maxWindow(10 * time.Second), follow: -1}
+		util2: r.admitted(10*time.Second, rlqsTotal) / (6 * rlqsLimit), max10: r.maxWindow(10 * time.Second), follow: -1, samples: r.shares}
 	// The heavy proxies' fair share: the limit less what the light ones get (demand + 10%).
 	want := 0.9 * (rlqsLimit - 7*rlqsLight*1.1)
-	for i := int(rlqsShiftAt / emuSlot); i < len(r.shares); i++ {
-		if r.shares[i][3]+r.shares[i][4]+r.shares[i][5] >= want {
-			f.follow = time.Duration(i+1)*emuSlot - rlqsShiftAt
+	for _, sh := range r.shares {
+		if sh.at >= rlqsShiftAt && sh.rates[3]+sh.rates[4]+sh.rates[5] >= want {
+			f.follow = sh.at - rlqsShiftAt
 			break
 		}
 	}
@@ -107,6 +108,11 @@ func TestRLQSShares(t *testing.T) {
 			t.Errorf("%s: utilisation %.3f before the shift and %.3f after, want ≥ 0.9", f.name, f.util1, f.util2)
 		}
 		if f.follow < 0 || f.follow > 2*rlqsInterval {
+			for _, sh := range f.samples {
+				if sh.at >= rlqsShiftAt-100*time.Millisecond && sh.at < rlqsShiftAt+time.Second {
+					t.Logf("%v: %.0f", sh.at-rlqsShiftAt, sh.rates)
+				}
+			}
 			t.Errorf("%s: shares followed the shift in %v, want within 2 reporting intervals (%v)", f.name, f.follow, 2*rlqsInterval)
 		}
 	}

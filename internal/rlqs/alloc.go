@@ -329,9 +329,9 @@ func (b *bucketState) blocked(id string, targets map[string]int64, hyst, now int
 
 // proxyBurstDivisor: the max_tokens handed out with the shares sum to at most 1/proxyBurstDivisor
 // of the burst; the rest is the budget that pays for the token buckets that changes start.
-const proxyBurstDivisor = 2
+const proxyBurstDivisor = 4
 
-// shareFor is the share of rate: with max_tokens its part of half the limit's burst, rounded
+// shareFor is the share of rate: with max_tokens its part of a quarter of the limit's burst, rounded
 // down but at least 1 (Envoy's token bucket with max_tokens 0 admits nothing).
 func shareFor(lim Limit, rate int64) Share {
 	if lim.Rate <= 0 || rate <= 0 {

@@ -200,16 +200,14 @@ func TestAssignSteps(t *testing.T) {
 		want   Share
 		budget int64 // milli, after the step
 	}{
-		{"a alone gets everything less the reserve, with its part of half the burst", "a", 2000, 0, Share{930, 93}, 192000 - 93000},
-		{"b joins: a holds it all", "b", 2000, 10, Share{0, 0}, 99000},
-		{"a reports: drops to half, a new bucket paid from the budget", "a", 2000, 100, Share{465, 46}, 99000 - 46000},
-		{"b reports: gets the half a released", "b", 2000, 110, Share{465, 46}, 53000 + 4950 - 46000},
-		{"c joins", "c", 2000, 200, Share{0, 0}, 11950 + 2700},
-		{"a must shrink but the budget cannot pay for its new bucket: it keeps its half", "a", 2000, 300, Share{465, 46}, 14650 + 3000},
-		{"the reserve has refilled the budget: a drops to a third", "a", 2000, 800, Share{310, 31}, 17650 + 15000 - 31000},
-		{"b must wait in turn", "b", 2000, 810, Share{465, 46}, 1650 + 1850},
-		{"c waits for the budget too, holding nothing", "c", 2000, 820, Share{0, 0}, 3500 + 1850},
-		{"c gets what a released", "c", 2000, 1200, Share{155, 15}, 5350 + 70300 - 15000},
+		{"a alone gets everything less the reserve, with its part of a quarter of the burst", "a", 2000, 0, Share{930, 46}, 192000 - 46000},
+		{"b joins: a holds it all", "b", 2000, 10, Share{0, 0}, 146000},
+		{"a reports: drops to half, a new bucket paid from the budget", "a", 2000, 100, Share{465, 23}, 146000 - 23000},
+		{"b reports: gets the half a released", "b", 2000, 110, Share{465, 23}, 123000 + 4950 - 23000},
+		{"c joins", "c", 2000, 200, Share{0, 0}, 104950 + 2700},
+		{"a drops to a third", "a", 2000, 300, Share{310, 15}, 107650 + 3000 - 15000},
+		{"b drops to a third", "b", 2000, 310, Share{310, 15}, 95650 + 1850 - 15000},
+		{"c gets its third", "c", 2000, 320, Share{310, 15}, 82500 + 3400 - 15000},
 	}
 	for _, st := range steps {
 		if got := report(st.id, st.demand, st.now); got != st.want || b.budget.Milli != st.budget {

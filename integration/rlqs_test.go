@@ -22,6 +22,9 @@ const (
 	rlqsShiftAt  = 8 * time.Second
 	rlqsTotal    = 16 * time.Second
 	rlqsInterval = 300 * time.Millisecond
+	// rlqsFollowBound is how soon after the shift the new heavy proxies must hold 90% of their
+	// fair shares: 3 reporting intervals (see check in TestRLQSShares).
+	rlqsFollowBound = 3 * rlqsInterval
 )
 
 const rlqsRules = `domain: rlqs
@@ -107,13 +110,17 @@ func TestRLQSShares(t *testing.T) {
 		if f.util1 < 0.9 || f.util2 < 0.9 {
 			t.Errorf("%s: utilisation %.3f before the shift and %.3f after, want ≥ 0.9", f.name, f.util1, f.util2)
 		}
-		if f.follow < 0 || f.follow > 2*rlqsInterval {
+		// A report that shows an old heavy proxy's demand gone may come two reporting intervals
+		// after the shift (the first report after it can cover mostly the old demand), so two
+		// intervals is the floor of the worst case, before the tick that hands the room over: the
+		// bound is three. Measured (36 runs, 1 replica and 2 replicas + Redis): see README.
+		if f.follow < 0 || f.follow > rlqsFollowBound {
 			for _, sh := range f.samples {
 				if sh.at >= rlqsShiftAt-100*time.Millisecond && sh.at < rlqsShiftAt+time.Second {
 					t.Logf("%v: %.0f", sh.at-rlqsShiftAt, sh.rates)
 				}
 			}
-			t.Errorf("%s: shares followed the shift in %v, want within 2 reporting intervals (%v)", f.name, f.follow, 2*rlqsInterval)
+			t.Errorf("%s: shares followed the shift in %v, want within 3 reporting intervals (%v)", f.name, f.follow, rlqsFollowBound)
 		}
 	}
 	t.Run("one replica", func(t *testing.T) {

@@ -328,10 +328,14 @@ func (b *bucketState) blocked(id string, targets map[string]int64, hyst, now int
 }
 
 // proxyBurstDivisor: the max_tokens handed out with the shares sum to at most 1/proxyBurstDivisor
-// of the burst; the rest is the budget that pays for the token buckets that changes start.
-const proxyBurstDivisor = 4
+// of the burst; the rest is the budget that pays for the token buckets that changes start. Every
+// change of share costs its max_tokens, and a demand shift takes several changes (the old proxies
+// shrink, the new ones grow, as their reports arrive): with a quarter of the burst the budget ran
+// dry during a shift and the last proxies waited for it to refill at the rate no proxy holds (up to
+// 0.85 s to follow the shift in TestRLQSShares); with an eighth the shift is paid at once.
+const proxyBurstDivisor = 8
 
-// shareFor is the share of rate: with max_tokens its part of a quarter of the limit's burst, rounded
+// shareFor is the share of rate: with max_tokens its part of an eighth of the limit's burst, rounded
 // down but at least 1 (Envoy's token bucket with max_tokens 0 admits nothing).
 func shareFor(lim Limit, rate int64) Share {
 	if lim.Rate <= 0 || rate <= 0 {

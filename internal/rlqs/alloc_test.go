@@ -200,14 +200,14 @@ func TestAssignSteps(t *testing.T) {
 		want   Share
 		budget int64 // milli, after the step
 	}{
-		{"a alone gets everything less the reserve, with its part of a quarter of the burst", "a", 2000, 0, Share{930, 46}, 192000 - 46000},
-		{"b joins: a holds it all", "b", 2000, 10, Share{0, 0}, 146000},
-		{"a reports: drops to half, a new bucket paid from the budget", "a", 2000, 100, Share{465, 23}, 146000 - 23000},
-		{"b reports: gets the half a released", "b", 2000, 110, Share{465, 23}, 123000 + 4950 - 23000},
-		{"c joins", "c", 2000, 200, Share{0, 0}, 104950 + 2700},
-		{"a drops to a third", "a", 2000, 300, Share{310, 15}, 107650 + 3000 - 15000},
-		{"b drops to a third", "b", 2000, 310, Share{310, 15}, 95650 + 1850 - 15000},
-		{"c gets its third", "c", 2000, 320, Share{310, 15}, 82500 + 3400 - 15000},
+		{"a alone gets everything less the reserve, with its part of an eighth of the burst", "a", 2000, 0, Share{930, 23}, 192000 - 23000},
+		{"b joins: a holds it all", "b", 2000, 10, Share{0, 0}, 169000},
+		{"a reports: drops to half, a new bucket paid from the budget", "a", 2000, 100, Share{465, 11}, 169000 - 11000},
+		{"b reports: gets the half a released", "b", 2000, 110, Share{465, 11}, 158000 + 4950 - 11000},
+		{"c joins", "c", 2000, 200, Share{0, 0}, 151950 + 2700},
+		{"a drops to a third", "a", 2000, 300, Share{310, 7}, 154650 + 3000 - 7000},
+		{"b drops to a third", "b", 2000, 310, Share{310, 7}, 150650 + 1850 - 7000},
+		{"c gets its third", "c", 2000, 320, Share{310, 7}, 145500 + 3400 - 7000},
 	}
 	for _, st := range steps {
 		if got := report(st.id, st.demand, st.now); got != st.want || b.budget.Milli != st.budget {

@@ -66,11 +66,13 @@ func TestRLQSMapping(t *testing.T) {
 		name   string
 		domain string
 		bucket map[string]string
-		want   string // allow_all, or "rate/period"
+		want   string // allow_all, or "rate/period burst max_tokens"
 	}{
-		{"exact value", "rlqs", map[string]string{"api_key": "shared"}, "1000/1s burst 200"},
-		{"wildcard default", "rlqs", map[string]string{"api_key": "other"}, "5/1s burst 5"},
-		{"keys in the rule tree's order, not sorted", "rlqs", map[string]string{"tenant": "t1", "plan": "gold"}, "600/1m0s burst 600"},
+		// A proxy alone gets the rule's rate less the 1/32 never held (at least 1), with max_tokens
+		// its part of an eighth of the burst (at least 1).
+		{"exact value", "rlqs", map[string]string{"api_key": "shared"}, "969/1s burst 24"},
+		{"wildcard default", "rlqs", map[string]string{"api_key": "other"}, "4/1s burst 1"},
+		{"keys in the rule tree's order, not sorted", "rlqs", map[string]string{"tenant": "t1", "plan": "gold"}, "582/1m0s burst 72"},
 		{"no rule for the bucket", "rlqs", map[string]string{"nothing": "here"}, "allow_all"},
 		{"unknown domain", "elsewhere", map[string]string{"api_key": "shared"}, "allow_all"},
 	}
@@ -173,8 +175,8 @@ func TestRLQSVanishedProxy(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := report(a, true); got != 1000 {
-		t.Fatalf("a alone: %d, want 1000", got)
+	if got := report(a, true); got != 969 { // the limit less the 1/32 never held
+		t.Fatalf("a alone: %d, want 969", got)
 	}
 	report(b, true)
 	// b's updates also arrive between reports; read them all as they come.
@@ -250,7 +252,7 @@ func metric(t *testing.T, addr, name, labels string) float64 {
 // grown with them. The debug pages and metrics show the one stream left.
 func TestRLQSStreamsComeAndGo(t *testing.T) {
 	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
-	p := startRLS(t, nil, "--config", rules, "--rlqs-assignment-ttl", "300ms")
+	p := startRLS(t, nil, "--config", rules, "--rlqs-assignment-ttl", "300ms", "--rlqs-testing-subsecond-ttl")
 	c := rlqsClient(t, p.GRPCAddr)
 	one := func(i int) error {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -346,15 +348,15 @@ func TestRLQSStreamsComeAndGo(t *testing.T) {
 		} `json:"proxies"`
 	}
 	getJSON(t, "http://"+p.DebugAddr+"/debug/rlqs/explain?domain=rlqs&bucket=api_key=shared", &ex)
-	if ex.Rule.Path != "api_key=shared" || len(ex.Proxies) != 1 || ex.Proxies[0].HeldRate != 1000 {
+	if ex.Rule.Path != "api_key=shared" || len(ex.Proxies) != 1 || ex.Proxies[0].HeldRate != 969 {
 		t.Errorf("/debug/rlqs/explain: %+v", ex)
 	}
 	labels := `{domain="rlqs",rule="api_key=shared"}`
 	if v := metric(t, p.HTTPAddr, "rls_rlqs_proxies", labels); v != 1 {
 		t.Errorf("rls_rlqs_proxies %v, want 1", v)
 	}
-	if v := metric(t, p.HTTPAddr, "rls_rlqs_assigned_rate", labels); v != 1000 {
-		t.Errorf("rls_rlqs_assigned_rate %v, want 1000", v)
+	if v := metric(t, p.HTTPAddr, "rls_rlqs_assigned_rate", labels); v != 969 { // the limit less the 1/32 never held
+		t.Errorf("rls_rlqs_assigned_rate %v, want 969", v)
 	}
 	if v := metric(t, p.HTTPAddr, "rls_rlqs_demand_rate", labels); v != 150 {
 		t.Errorf("rls_rlqs_demand_rate %v, want 150", v)

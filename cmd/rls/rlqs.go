@@ -21,10 +21,11 @@ import (
 
 // rlqsConfig holds the Rate Limit Quota Service's flags.
 type rlqsConfig struct {
-	enabled    bool
-	ttl        time.Duration
-	tick       time.Duration
-	maxBuckets int
+	enabled       bool
+	ttl           time.Duration
+	tick          time.Duration
+	maxBuckets    int
+	subsecondTTLs bool
 }
 
 // rlqsFlags registers the Rate Limit Quota Service's flags on fs.
@@ -36,7 +37,32 @@ func rlqsFlags(fs *flag.FlagSet) *rlqsConfig {
 	fs.DurationVar(&rc.tick, "rlqs-tick", rlqs.DefaultTick,
 		"RLQS: how often each stream's shares are decided again between reports, so that shares released reach the proxies that want them")
 	fs.IntVar(&rc.maxBuckets, "rlqs-max-buckets", rlqs.DefaultMaxBuckets, "RLQS: most buckets one stream may report (more ends the stream with RESOURCE_EXHAUSTED)")
+	fs.BoolVar(&rc.subsecondTTLs, "rlqs-testing-subsecond-ttl", false,
+		"RLQS, for tests only: accept a --rlqs-assignment-ttl that is not a whole number of seconds (Envoy reads it in whole seconds: a 300ms TTL expires at once there)")
 	return rc
+}
+
+// validate checks the RLQS flags. Envoy's filter reads an assignment's time to live in whole
+// seconds (the nanos are dropped), so a TTL under a second would expire every assignment as it
+// arrives and a fractional one would expire it before rls stops counting it held: both are refused
+// unless --rlqs-testing-subsecond-ttl.
+func (rc *rlqsConfig) validate() error {
+	if rc == nil || !rc.enabled {
+		return nil
+	}
+	switch {
+	case rc.ttl <= 0:
+		return fmt.Errorf("%w: --rlqs-assignment-ttl %v: want a positive whole number of seconds", errUsage, rc.ttl)
+	case !rc.subsecondTTLs && (rc.ttl < time.Second || rc.ttl%time.Second != 0):
+		return fmt.Errorf("%w: --rlqs-assignment-ttl %v: want a whole number of seconds ≥ 1s (Envoy reads the assignment's time to live in whole seconds)", errUsage, rc.ttl)
+	case rc.ttl < time.Millisecond:
+		return fmt.Errorf("%w: --rlqs-assignment-ttl %v: want at least 1ms", errUsage, rc.ttl)
+	case rc.tick <= 0:
+		return fmt.Errorf("%w: --rlqs-tick %v: want a positive duration", errUsage, rc.tick)
+	case rc.maxBuckets <= 0:
+		return fmt.Errorf("%w: --rlqs-max-buckets %d: want at least 1", errUsage, rc.maxBuckets)
+	}
+	return nil
 }
 
 // startRLQS builds the Rate Limit Quota Service and registers it on g; nil when --rlqs=false.
@@ -46,8 +72,8 @@ func startRLQS(g *grpc.Server, c serveConfig, svc *service.Service, reg promethe
 	if rc == nil || !rc.enabled {
 		return nil, nil
 	}
-	if rc.ttl < time.Millisecond || rc.tick <= 0 || rc.maxBuckets <= 0 {
-		return nil, fmt.Errorf("--rlqs-assignment-ttl %v, --rlqs-tick %v, --rlqs-max-buckets %d: want a TTL ≥ 1ms and a tick and a maximum > 0", rc.ttl, rc.tick, rc.maxBuckets)
+	if err := rc.validate(); err != nil {
+		return nil, err
 	}
 	var store rlqs.Store
 	if c.backend == "redis" {

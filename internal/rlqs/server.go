@@ -169,18 +169,9 @@ type streamBucket struct {
 // StreamRateLimitQuotas implements the RLQS stream: every report is answered with an assignment
 // for each bucket it names, and every Tick the stream's shares are decided again and those that
 // changed are sent.
-func (s *Server) StreamRateLimitQuotas(ss rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) (err error) {
-	// The gRPC server recovers panics of unary calls only.
-	defer func() {
-		if p := recover(); p != nil {
-			s.log.Error("panic in RLQS stream", "panic", p)
-			err = status.Error(codes.Internal, "internal error")
-		}
-	}()
-	return s.serveStream(ss)
-}
-
-func (s *Server) serveStream(ss rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+// A panic in it is the gRPC server's to recover (cmd/rls installs the recovery interceptor for
+// streams).
+func (s *Server) StreamRateLimitQuotas(ss rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
 	ctx := ss.Context()
 	st := &stream{id: s.replica + "-" + strconv.FormatUint(s.seq.Add(1), 10), started: s.now(), buckets: map[string]*streamBucket{}}
 	s.opened.Inc()

@@ -23,6 +23,7 @@ var rlsHealthService = rlsv3.RateLimitService_ServiceDesc.ServiceName
 // escape checking.
 const (
 	kindEnvoy   = "envoy bootstrap"
+	kindRLQS    = "envoy bootstrap with the rate_limit_quota filter"
 	kindRules   = "rls rules"
 	kindTokens  = "rls rules of the token-limit example"
 	kindK8s     = "kubernetes manifests"
@@ -54,6 +55,8 @@ func yamlFiles(t *testing.T) map[string][]string {
 			byKind[kindTokens] = append(byKind[kindTokens], p)
 		case strings.HasPrefix(p, filepath.Join("envoy", "rules")+string(filepath.Separator)):
 			byKind[kindRules] = append(byKind[kindRules], p)
+		case top["static_resources"] != nil && strings.Contains(string(data), "rate_limit_quota"):
+			byKind[kindRLQS] = append(byKind[kindRLQS], p)
 		case top["static_resources"] != nil:
 			byKind[kindEnvoy] = append(byKind[kindEnvoy], p)
 		case strings.HasPrefix(p, "envoy-gateway"+string(filepath.Separator)):
@@ -77,7 +80,8 @@ func TestEveryYAMLFileIsChecked(t *testing.T) {
 	got := yamlFiles(t)
 	want := map[string][]string{
 		kindEnvoy:   {"envoy/envoy-tls.yaml", "envoy/envoy-tokens.yaml", "envoy/envoy.yaml"},
-		kindRules:   {"envoy/rules/edge.yaml", "envoy/rules/edge_tcp.yaml"},
+		kindRLQS:    {"envoy/envoy-rlqs.yaml"},
+		kindRules:   {"envoy/rules/edge.yaml", "envoy/rules/edge_quota.yaml", "envoy/rules/edge_tcp.yaml"},
 		kindTokens:  {"envoy/rules-tokens/ai_tokens.yaml"},
 		kindCompose: {"compose.yaml"},
 		kindEG:      {"envoy-gateway/envoy-gateway-config.yaml"},

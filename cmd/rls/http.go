@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
 )
 
@@ -95,8 +96,9 @@ func mainMux(svc *service.Service, ready *readiness, reg *prometheus.Registry) *
 
 // debugMux is the debug listener's (--debug-addr): the rules in force, any key's state, and
 // with --debug Go's profiler.
-func debugMux(svc *service.Service, pprofOn bool) *http.ServeMux {
+func debugMux(svc *service.Service, quotas *rlqs.Server, pprofOn bool) *http.ServeMux {
 	mux := http.NewServeMux()
+	mountRLQS(mux, quotas)
 	mux.Handle("GET /debug/rules", svc.RulesHandler())
 	mux.Handle("GET /rlconfig", svc.RLConfigHandler()) // envoyproxy/ratelimit's rule dump
 	mux.Handle("/debug/explain", svc.ExplainHandler())

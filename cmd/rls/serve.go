@@ -60,6 +60,7 @@ type serveConfig struct {
 	reload          *reloadConfig
 	xds             *xdsConfig
 	usage           *usageConfig
+	rlqs            *rlqsConfig
 
 	configAllFiles    bool
 	configDotFiles    bool
@@ -127,11 +128,15 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	c.reload = reloadFlags(fs)
 	c.xds = xdsFlags(fs)
 	c.usage = usageFlags(fs)
+	c.rlqs = rlqsFlags(fs)
 	if err := parseFlags(fs, args, env); err != nil {
 		return c, err
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	if err := c.rlqs.validate(); err != nil {
+		return c, err
 	}
 	c.env = env
 	if err := c.usage.load(); err != nil {
@@ -322,16 +327,18 @@ func hasSAN(cert *x509.Certificate, san string) bool {
 // newGRPCServer returns the gRPC server with the settings Envoy needs: keepalive pings accepted
 // every --grpc-keepalive-min-time even without streams, a maximum connection age, optional
 // (m)TLS, and panics answered INTERNAL instead of killing the process.
-// interceptors run outside the panic recovery, in order; extra are further server options.
+// interceptors (unary) run outside the panic recovery, in order; extra are further server options.
 func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnaryServerInterceptor, extra ...grpc.ServerOption) (*grpc.Server, error) {
-	interceptors = append(interceptors, recovery.UnaryServerInterceptor(recovery.WithRecoveryHandlerContext(
-		func(ctx context.Context, p any) error {
-			log.ErrorContext(ctx, "panic in gRPC handler", "panic", p)
-			return status.Error(codes.Internal, "internal error")
-		})))
+	recovered := recovery.WithRecoveryHandlerContext(func(ctx context.Context, p any) error {
+		log.ErrorContext(ctx, "panic in gRPC handler", "panic", p)
+		return status.Error(codes.Internal, "internal error")
+	})
+	interceptors = append(interceptors, recovery.UnaryServerInterceptor(recovered))
 	opts := append([]grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.keepaliveMin, PermitWithoutStream: true}),
 		grpc.ChainUnaryInterceptor(interceptors...),
+		// Streams (RLQS) too: a panic ends the stream with INTERNAL, not the process.
+		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recovered)),
 		// Decodes requests without protobuf's UTF-8 check, so that validation answers invalid
 		// UTF-8 InvalidArgument instead of the codec answering INTERNAL.
 		grpc.ForceServerCodecV2(service.Codec()),

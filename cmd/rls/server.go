@@ -24,6 +24,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
 	"github.com/rls-project/rls/internal/xds"
 )
@@ -51,6 +52,7 @@ type server struct {
 	be      backend.Backend
 	local   backend.Backend
 	svc     *service.Service
+	rlqs    *rlqs.Server // nil with --rlqs=false
 
 	grpc     *grpc.Server
 	ready    *readiness
@@ -151,6 +153,9 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 		return nil, err
 	}
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
+	if s.rlqs, err = startRLQS(s.grpc, c, s.svc, reg, s.log); err != nil {
+		return nil, err
+	}
 	hs := health.NewServer()
 	s.draining = make(chan struct{})
 	healthpb.RegisterHealthServer(s.grpc, drainingHealth{Server: hs, draining: s.draining})
@@ -166,7 +171,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 
 	s.http = c.http.server(c.usage.mount(mainMux(s.svc, s.ready, reg), s.svc, s.log))
 	if c.debugAddr != "" {
-		s.debug = c.http.debugServer(debugMux(s.svc, c.debug))
+		s.debug = c.http.debugServer(debugMux(s.svc, s.rlqs, c.debug))
 	}
 	if c.metricsAddr != "" {
 		if !strings.HasPrefix(c.metricsPath, "/") {
@@ -328,6 +333,9 @@ func (s *server) close() {
 	}
 	if s.local != nil {
 		s.local.Close()
+	}
+	if s.rlqs != nil {
+		s.rlqs.Close()
 	}
 	s.tracing.shutdown()
 }

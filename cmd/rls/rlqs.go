@@ -1,0 +1,148 @@
+package main
+
+import (
+	"crypto/tls"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	goredis "github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+
+	redisbackend "github.com/rls-project/rls/internal/backend/redis"
+	"github.com/rls-project/rls/internal/rlqs"
+	"github.com/rls-project/rls/internal/service"
+)
+
+// rlqsConfig holds the Rate Limit Quota Service's flags.
+type rlqsConfig struct {
+	enabled       bool
+	ttl           time.Duration
+	tick          time.Duration
+	maxBuckets    int
+	subsecondTTLs bool
+}
+
+// rlqsFlags registers the Rate Limit Quota Service's flags on fs.
+func rlqsFlags(fs *flag.FlagSet) *rlqsConfig {
+	rc := &rlqsConfig{}
+	fs.BoolVar(&rc.enabled, "rlqs", true, "serve Envoy's Rate Limit Quota Service (StreamRateLimitQuotas, for the rate_limit_quota filter) on --grpc-addr")
+	fs.DurationVar(&rc.ttl, "rlqs-assignment-ttl", rlqs.DefaultTTL,
+		"RLQS: time to live of every quota assignment: how long a proxy enforces its share without hearing from rls, and how long a vanished proxy's share stays held (a few of the filter's reporting intervals)")
+	fs.DurationVar(&rc.tick, "rlqs-tick", rlqs.DefaultTick,
+		"RLQS: how often each stream's shares are decided again between reports, so that shares released reach the proxies that want them")
+	fs.IntVar(&rc.maxBuckets, "rlqs-max-buckets", rlqs.DefaultMaxBuckets, "RLQS: most buckets one stream may report (more ends the stream with RESOURCE_EXHAUSTED)")
+	fs.BoolVar(&rc.subsecondTTLs, "rlqs-testing-subsecond-ttl", false,
+		"RLQS, for tests only: accept a --rlqs-assignment-ttl that is not a whole number of seconds (Envoy reads it in whole seconds: a 300ms TTL expires at once there)")
+	return rc
+}
+
+// validate checks the RLQS flags. Envoy's filter reads an assignment's time to live in whole
+// seconds (the nanos are dropped), so a TTL under a second would expire every assignment as it
+// arrives and a fractional one would expire it before rls stops counting it held: both are refused
+// unless --rlqs-testing-subsecond-ttl.
+func (rc *rlqsConfig) validate() error {
+	if rc == nil || !rc.enabled {
+		return nil
+	}
+	switch {
+	case rc.ttl <= 0:
+		return fmt.Errorf("%w: --rlqs-assignment-ttl %v: want a positive whole number of seconds", errUsage, rc.ttl)
+	case !rc.subsecondTTLs && (rc.ttl < time.Second || rc.ttl%time.Second != 0):
+		return fmt.Errorf("%w: --rlqs-assignment-ttl %v: want a whole number of seconds ≥ 1s (Envoy reads the assignment's time to live in whole seconds)", errUsage, rc.ttl)
+	case rc.ttl < time.Millisecond:
+		return fmt.Errorf("%w: --rlqs-assignment-ttl %v: want at least 1ms", errUsage, rc.ttl)
+	case rc.tick <= 0:
+		return fmt.Errorf("%w: --rlqs-tick %v: want a positive duration", errUsage, rc.tick)
+	case rc.maxBuckets <= 0:
+		return fmt.Errorf("%w: --rlqs-max-buckets %d: want at least 1", errUsage, rc.maxBuckets)
+	}
+	return nil
+}
+
+// startRLQS builds the Rate Limit Quota Service and registers it on g; nil when --rlqs=false.
+// With --backend redis, replicas divide each limit through the same Redis and key prefix.
+func startRLQS(g *grpc.Server, c serveConfig, svc *service.Service, reg prometheus.Registerer, log *slog.Logger) (*rlqs.Server, error) {
+	rc := c.rlqs
+	if rc == nil || !rc.enabled {
+		return nil, nil
+	}
+	if err := rc.validate(); err != nil {
+		return nil, err
+	}
+	var store rlqs.Store
+	if c.backend == "redis" {
+		rdb, err := rlqsRedisClient(c.redis)
+		if err != nil {
+			return nil, err
+		}
+		store = rlqs.NewRedis(rdb, c.redis.keyPrefix)
+	}
+	s, err := rlqs.New(rlqs.Options{
+		Rules: svc.Rules, Store: store, TTL: rc.ttl, Tick: rc.tick, MaxBuckets: rc.maxBuckets,
+		Registerer: reg, Logger: log.With("service", "rlqs"),
+	})
+	if err != nil {
+		if store != nil {
+			store.Close()
+		}
+		return nil, err
+	}
+	rlqspb.RegisterRateLimitQuotaServiceServer(g, s)
+	return s, nil
+}
+
+// mountRLQS serves the RLQS debug pages on mux: /debug/rlqs and /debug/rlqs/explain.
+func mountRLQS(mux *http.ServeMux, s *rlqs.Server) {
+	if s == nil {
+		return
+	}
+	mux.Handle("GET /debug/rlqs", s.AssignmentsHandler())
+	mux.Handle("GET /debug/rlqs/explain", s.ExplainHandler())
+}
+
+// rlqsRedisClient connects to the Redis of --redis-url for the shares, with the backend's TLS
+// flags. Commands are not retried: a transaction whose reply was lost is decided again anyway.
+func rlqsRedisClient(rc *redisConfig) (goredis.UniversalClient, error) {
+	t, err := redisbackend.ParseURL(rc.url)
+	if err != nil {
+		return nil, fmt.Errorf("--redis-url: %w", err)
+	}
+	var tlsConf *tls.Config
+	if t.TLS {
+		host := t.Addrs[0]
+		if i := strings.LastIndexByte(host, ':'); i >= 0 {
+			host = host[:i]
+		}
+		if tlsConf, err = clientTLS("--redis-tls-*", rc.tlsCert, rc.tlsKey, rc.tlsCA, host, rc.tlsSkipVerify); err != nil {
+			return nil, err
+		}
+	}
+	switch t.Topology {
+	case redisbackend.Sentinel:
+		return goredis.NewFailoverClient(&goredis.FailoverOptions{
+			MasterName: t.Master, SentinelAddrs: t.Addrs, SentinelUsername: t.SentinelUsername, SentinelPassword: t.SentinelPassword,
+			Username: t.Username, Password: t.Password, DB: t.DB, TLSConfig: tlsConf,
+			DialTimeout: rc.dialTimeout, ReadTimeout: rc.readTimeout, WriteTimeout: rc.readTimeout, MaxRetries: -1, DisableIdentity: true,
+		}), nil
+	case redisbackend.Cluster:
+		return goredis.NewClusterClient(&goredis.ClusterOptions{
+			Addrs: t.Addrs, Username: t.Username, Password: t.Password, TLSConfig: tlsConf,
+			DialTimeout: rc.dialTimeout, ReadTimeout: rc.readTimeout, WriteTimeout: rc.readTimeout, MaxRetries: -1, DisableIdentity: true,
+		}), nil
+	}
+	o, err := goredis.ParseURL(rc.url)
+	if err != nil {
+		return nil, fmt.Errorf("--redis-url: %w", err)
+	}
+	if tlsConf != nil {
+		o.TLSConfig = tlsConf
+	}
+	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.MaxRetries, o.DisableIdentity = rc.dialTimeout, rc.readTimeout, rc.readTimeout, -1, true
+	return goredis.NewClient(o), nil
+}

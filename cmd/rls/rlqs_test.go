@@ -1,0 +1,116 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/rls-project/rls/internal/rlqs"
+)
+
+func TestRLQSFlags(t *testing.T) {
+	tests := []struct {
+		name string
+		args []string
+		env  []string
+		want rlqsConfig
+		err  string // part of the error; "" for none
+	}{
+		{"defaults", nil, nil, rlqsConfig{enabled: true, ttl: rlqs.DefaultTTL, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets}, ""},
+		{"all set", []string{"--rlqs-assignment-ttl", "2s", "--rlqs-tick", "100ms", "--rlqs-max-buckets", "7"}, nil,
+			rlqsConfig{enabled: true, ttl: 2 * time.Second, tick: 100 * time.Millisecond, maxBuckets: 7}, ""},
+		{"from the environment", nil, []string{"RLS_RLQS_ASSIGNMENT_TTL=5s", "RLS_RLQS_TICK=1s"}, rlqsConfig{enabled: true, ttl: 5 * time.Second, tick: time.Second, maxBuckets: rlqs.DefaultMaxBuckets}, ""},
+		{"off", []string{"--rlqs=false", "--rlqs-assignment-ttl", "1500ms"}, nil, rlqsConfig{enabled: false, ttl: 1500 * time.Millisecond, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets}, ""},
+		{"sub-second ttl", []string{"--rlqs-assignment-ttl", "300ms"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 300ms: want a whole number of seconds ≥ 1s"},
+		{"fractional ttl", []string{"--rlqs-assignment-ttl", "1.5s"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 1.5s: want a whole number of seconds ≥ 1s"},
+		{"sub-second ttl for tests", []string{"--rlqs-assignment-ttl", "300ms", "--rlqs-testing-subsecond-ttl"}, nil,
+			rlqsConfig{enabled: true, ttl: 300 * time.Millisecond, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets, subsecondTTLs: true}, ""},
+		{"sub-millisecond ttl for tests", []string{"--rlqs-assignment-ttl", "500us", "--rlqs-testing-subsecond-ttl"}, nil, rlqsConfig{}, "want at least 1ms"},
+		{"zero ttl", []string{"--rlqs-assignment-ttl", "0s"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 0s: want a positive"},
+		{"negative ttl", []string{"--rlqs-assignment-ttl", "-1s", "--rlqs-testing-subsecond-ttl"}, nil, rlqsConfig{}, "want a positive"},
+		{"zero tick", []string{"--rlqs-tick", "0s"}, nil, rlqsConfig{}, "--rlqs-tick 0s: want a positive duration"},
+		{"negative max buckets", []string{"--rlqs-max-buckets", "-3"}, nil, rlqsConfig{}, "--rlqs-max-buckets -3: want at least 1"},
+		{"not a duration", []string{"--rlqs-tick", "often"}, nil, rlqsConfig{}, "often"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parseServeFlags(tc.args, tc.env, io.Discard)
+			if tc.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.err) {
+					t.Fatalf("got %v, want an error containing %q", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if *c.rlqs != tc.want {
+				t.Fatalf("got %+v, want %+v", *c.rlqs, tc.want)
+			}
+		})
+	}
+}
+
+func TestRLQSValidationErrorsAreUsage(t *testing.T) {
+	_, err := parseServeFlags([]string{"--rlqs-assignment-ttl", "250ms"}, nil, io.Discard)
+	if !errors.Is(err, errUsage) {
+		t.Fatalf("got %v, want a usage error", err)
+	}
+}
+
+// panickyQuota is a Rate Limit Quota Service whose stream handler panics.
+type panickyQuota struct {
+	rlqspb.UnimplementedRateLimitQuotaServiceServer
+}
+
+func (panickyQuota) StreamRateLimitQuotas(rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
+	var m map[string]int
+	m["boom"]++ // a nil map write: a runtime panic
+	return nil
+}
+
+func TestStreamPanicAnswersInternal(t *testing.T) {
+	cfg, err := parseServeFlags(nil, nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gs, err := newGRPCServer(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rlqspb.RegisterRateLimitQuotaServiceServer(gs, panickyQuota{})
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go gs.Serve(l)
+	defer gs.Stop()
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlqspb.NewRateLimitQuotaServiceClient(conn)
+	for i := range 2 { // the server survives the first panic
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		s, err := c.StreamRateLimitQuotas(ctx)
+		if err == nil {
+			_, err = s.Recv()
+		}
+		cancel()
+		if status.Code(err) != codes.Internal {
+			t.Fatalf("stream %d: got %v, want Internal", i+1, err)
+		}
+	}
+}

@@ -1,0 +1,383 @@
+package integration
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+)
+
+func rlqsClient(t testing.TB, addr string) rlqspb.RateLimitQuotaServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlqspb.NewRateLimitQuotaServiceClient(conn)
+}
+
+func usage(bucket map[string]string, allowed, denied uint64, elapsed time.Duration) *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage {
+	return &rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqspb.BucketId{Bucket: bucket},
+		NumRequestsAllowed: allowed, NumRequestsDenied: denied, TimeElapsed: durationpb.New(elapsed)}
+}
+
+// exchange sends m and returns the strategy of the first action answering it.
+func exchange(t *testing.T, s rlqspb.RateLimitQuotaService_StreamRateLimitQuotasClient, m *rlqspb.RateLimitQuotaUsageReports) *typev3.RateLimitStrategy {
+	t.Helper()
+	if err := s.Send(m); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetBucketAction()) == 0 {
+		t.Fatal("an answer without actions")
+	}
+	if err := resp.ValidateAll(); err != nil {
+		t.Fatalf("answer fails Envoy's validation: %v", err)
+	}
+	return resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy()
+}
+
+// TestRLQSMapping: a bucket id maps to the rule its pairs match as a descriptor, in sorted key
+// order or else another order; no rule, no limit.
+func TestRLQSMapping(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	p := startRLS(t, nil, "--config", rules)
+	c := rlqsClient(t, p.GRPCAddr)
+	tests := []struct {
+		name   string
+		domain string
+		bucket map[string]string
+		want   string // allow_all, or "rate/period burst max_tokens"
+	}{
+		// A proxy alone gets the rule's rate less the 1/32 never held (at least 1), with max_tokens
+		// its part of an eighth of the burst (at least 1).
+		{"exact value", "rlqs", map[string]string{"api_key": "shared"}, "969/1s burst 24"},
+		{"wildcard default", "rlqs", map[string]string{"api_key": "other"}, "4/1s burst 1"},
+		{"keys in the rule tree's order, not sorted", "rlqs", map[string]string{"tenant": "t1", "plan": "gold"}, "582/1m0s burst 72"},
+		{"no rule for the bucket", "rlqs", map[string]string{"nothing": "here"}, "allow_all"},
+		{"unknown domain", "elsewhere", map[string]string{"api_key": "shared"}, "allow_all"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := c.StreamRateLimitQuotas(ctxT(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := exchange(t, s, &rlqspb.RateLimitQuotaUsageReports{Domain: tt.domain,
+				BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(tt.bucket, 1, 0, time.Second)}})
+			got := "allow_all"
+			if tb := st.GetTokenBucket(); tb != nil {
+				got = fmt.Sprintf("%d/%v burst %d", tb.GetTokensPerFill().GetValue(), tb.GetFillInterval().AsDuration(), tb.GetMaxTokens())
+			} else if st.GetBlanketRule() != typev3.RateLimitStrategy_ALLOW_ALL {
+				got = st.String()
+			}
+			if got != tt.want {
+				t.Errorf("got %s, want %s", got, tt.want)
+			}
+			s.CloseSend()
+		})
+	}
+}
+
+// TestRLQSMalformed: a malformed report ends its stream with InvalidArgument and a reason;
+// rls goes on serving.
+func TestRLQSMalformed(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	p := startRLS(t, nil, "--config", rules)
+	c := rlqsClient(t, p.GRPCAddr)
+	good := usage(map[string]string{"api_key": "shared"}, 1, 0, time.Second)
+	tests := []struct {
+		name string
+		msgs []*rlqspb.RateLimitQuotaUsageReports
+		want string
+	}{
+		{"no domain", []*rlqspb.RateLimitQuotaUsageReports{{BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{good}}}, "must name the domain"},
+		{"no bucket id", []*rlqspb.RateLimitQuotaUsageReports{{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{{NumRequestsAllowed: 1}}}}, "bucket_quota_usages[0]"},
+		{"empty key", []*rlqspb.RateLimitQuotaUsageReports{{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(map[string]string{"": "x"}, 1, 0, time.Second)}}}, "empty key"},
+		{"negative elapsed", []*rlqspb.RateLimitQuotaUsageReports{{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(map[string]string{"api_key": "shared"}, 1, 0, -time.Second)}}}, "time_elapsed"},
+		{"domain changed", []*rlqspb.RateLimitQuotaUsageReports{
+			{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{good}},
+			{Domain: "other", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{good}}}, "differs"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := c.StreamRateLimitQuotas(ctxT(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range tt.msgs {
+				if err := s.Send(m); err != nil {
+					break
+				}
+			}
+			for {
+				_, err = s.Recv()
+				if err != nil {
+					break
+				}
+			}
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got %v, want InvalidArgument mentioning %q", err, tt.want)
+			}
+		})
+	}
+	// Still serving.
+	s, err := c.StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exchange(t, s, &rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{good}})
+	if !strings.Contains(p.Output(), "malformed report") {
+		t.Error("malformed reports were not logged")
+	}
+}
+
+// TestRLQSVanishedProxy: a proxy that vanishes keeps its share held for the assignment's TTL
+// (it may enforce it that long), after which the proxy left gets the whole limit.
+func TestRLQSVanishedProxy(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	const ttl = time.Second
+	p := startRLS(t, nil, "--config", rules, "--rlqs-assignment-ttl", ttl.String(), "--rlqs-tick", "50ms")
+	c := rlqsClient(t, p.GRPCAddr)
+	bucket := map[string]string{"api_key": "shared"}
+	report := func(s rlqspb.RateLimitQuotaService_StreamRateLimitQuotasClient, first bool) uint32 {
+		m := &rlqspb.RateLimitQuotaUsageReports{BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(bucket, 200, 200, 200*time.Millisecond)}}
+		if first {
+			m.Domain = "rlqs"
+		}
+		return exchange(t, s, m).GetTokenBucket().GetTokensPerFill().GetValue()
+	}
+	actx, cancelA := context.WithCancel(ctxT(t))
+	a, err := c.StreamRateLimitQuotas(actx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := c.StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := report(a, true); got != 969 { // the limit less the 1/32 never held
+		t.Fatalf("a alone: %d, want 969", got)
+	}
+	report(b, true)
+	// b's updates also arrive between reports; read them all as they come.
+	var mu sync.Mutex
+	var bRate uint32
+	go func() {
+		for {
+			resp, err := b.Recv()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			bRate = resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy().GetTokenBucket().GetTokensPerFill().GetValue()
+			mu.Unlock()
+		}
+	}()
+	send := func(first bool) {
+		m := &rlqspb.RateLimitQuotaUsageReports{BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(bucket, 200, 200, 200*time.Millisecond)}}
+		if err := b.Send(m); err != nil {
+			t.Error(err)
+		}
+	}
+	for range 3 {
+		report(a, false)
+		send(false)
+		time.Sleep(100 * time.Millisecond)
+	}
+	cancelA()
+	gone := time.Now()
+	var full time.Duration
+	for full == 0 && time.Since(gone) < 5*time.Second {
+		send(false)
+		time.Sleep(100 * time.Millisecond)
+		mu.Lock()
+		if bRate >= 900 {
+			full = time.Since(gone)
+		}
+		mu.Unlock()
+	}
+	if full == 0 || full > ttl+time.Second {
+		t.Fatalf("b got the vanished proxy's share after %v, want within the TTL (%v) and a second", full, ttl)
+	}
+	t.Logf("the vanished proxy's share was reclaimed %v after it left (TTL %v)", full, ttl)
+}
+
+// metric reads one sample from rls's /metrics ("" labels: the first sample of the name).
+func metric(t *testing.T, addr, name, labels string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, name+labels+" ") || (labels == "" && strings.HasPrefix(line, name+"{")) {
+			f := strings.Fields(line)
+			v, err := strconv.ParseFloat(f[len(f)-1], 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return v
+		}
+	}
+	t.Fatalf("no %s%s in /metrics", name, labels)
+	return 0
+}
+
+// TestRLQSStreamsComeAndGo: 1,000 streams open, report, and end (half closing, half cut off);
+// afterwards rls holds no more goroutines, streams or buckets than before, and its heap has not
+// grown with them. The debug pages and metrics show the one stream left.
+func TestRLQSStreamsComeAndGo(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	p := startRLS(t, nil, "--config", rules, "--rlqs-assignment-ttl", "300ms", "--rlqs-testing-subsecond-ttl")
+	c := rlqsClient(t, p.GRPCAddr)
+	one := func(i int) error {
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		s, err := c.StreamRateLimitQuotas(ctx)
+		if err != nil {
+			return err
+		}
+		if err := s.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			usage(map[string]string{"api_key": fmt.Sprintf("key-%d", i)}, 3, 1, time.Second)}}); err != nil {
+			return err
+		}
+		if _, err := s.Recv(); err != nil {
+			return err
+		}
+		if i%2 == 0 {
+			s.CloseSend()
+			for {
+				if _, err := s.Recv(); err == io.EOF {
+					return nil
+				} else if err != nil {
+					return err
+				}
+			}
+		}
+		return nil // cancel cuts the stream off
+	}
+	run := func(n int) {
+		var wg sync.WaitGroup
+		sem := make(chan struct{}, 16)
+		for i := range n {
+			wg.Add(1)
+			sem <- struct{}{}
+			go func() {
+				defer wg.Done()
+				defer func() { <-sem }()
+				if err := one(i); err != nil {
+					t.Errorf("stream %d: %v", i, err)
+				}
+			}()
+		}
+		wg.Wait()
+	}
+	run(50) // warm up: connections, pools
+	settle := func() (goroutines, heap float64) {
+		// Past the TTL every held share has expired; the store looks for them once a second.
+		time.Sleep(1300 * time.Millisecond)
+		run(1) // a stream's decision sweeps what has expired
+		deadline := time.Now().Add(5 * time.Second)
+		for metric(t, p.HTTPAddr, "rls_rlqs_streams", "") != 0 && time.Now().Before(deadline) {
+			time.Sleep(50 * time.Millisecond)
+		}
+		return metric(t, p.HTTPAddr, "go_goroutines", ""), metric(t, p.HTTPAddr, "go_memstats_heap_inuse_bytes", "")
+	}
+	g0, h0 := settle()
+	run(1000)
+	g1, h1 := settle()
+	if opened := metric(t, p.HTTPAddr, "rls_rlqs_streams_opened_total", ""); opened < 1052 {
+		t.Errorf("%v streams opened, want ≥ 1052", opened)
+	}
+	if s := metric(t, p.HTTPAddr, "rls_rlqs_streams", ""); s != 0 {
+		t.Errorf("%v streams still open", s)
+	}
+	if b := metric(t, p.HTTPAddr, "rls_rlqs_store_buckets", ""); b > 1 {
+		t.Errorf("%v buckets still kept after their TTL", b)
+	}
+	if g1 > g0+5 {
+		t.Errorf("goroutines %v after 1,000 streams, %v before", g1, g0)
+	}
+	if h1 > h0+8<<20 {
+		t.Errorf("heap in use %v after 1,000 streams, %v before", h1, h0)
+	}
+	t.Logf("goroutines %v → %v, heap in use %.1f → %.1f MiB", g0, g1, h0/(1<<20), h1/(1<<20))
+
+	// One stream that stays: listed by /debug/rlqs, explained, counted.
+	s, err := c.StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exchange(t, s, &rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		usage(map[string]string{"api_key": "shared"}, 100, 50, time.Second)}})
+	var list struct {
+		Assignments []struct{ Bucket, Rule, Strategy string } `json:"assignments"`
+	}
+	getJSON(t, "http://"+p.DebugAddr+"/debug/rlqs", &list)
+	if len(list.Assignments) != 1 || list.Assignments[0].Bucket != "api_key=shared" || list.Assignments[0].Strategy != "token_bucket" {
+		t.Errorf("/debug/rlqs: %+v", list)
+	}
+	var ex struct {
+		Rule    struct{ Path string } `json:"rule"`
+		Proxies []struct {
+			HeldRate int64 `json:"held_rate"`
+		} `json:"proxies"`
+	}
+	getJSON(t, "http://"+p.DebugAddr+"/debug/rlqs/explain?domain=rlqs&bucket=api_key=shared", &ex)
+	if ex.Rule.Path != "api_key=shared" || len(ex.Proxies) != 1 || ex.Proxies[0].HeldRate != 969 {
+		t.Errorf("/debug/rlqs/explain: %+v", ex)
+	}
+	labels := `{domain="rlqs",rule="api_key=shared"}`
+	if v := metric(t, p.HTTPAddr, "rls_rlqs_proxies", labels); v != 1 {
+		t.Errorf("rls_rlqs_proxies %v, want 1", v)
+	}
+	if v := metric(t, p.HTTPAddr, "rls_rlqs_assigned_rate", labels); v != 969 { // the limit less the 1/32 never held
+		t.Errorf("rls_rlqs_assigned_rate %v, want 969", v)
+	}
+	if v := metric(t, p.HTTPAddr, "rls_rlqs_demand_rate", labels); v != 150 {
+		t.Errorf("rls_rlqs_demand_rate %v, want 150", v)
+	}
+	if v := metric(t, p.HTTPAddr, "rls_rlqs_requests_total", `{domain="rlqs",outcome="allowed",rule="api_key=shared"}`); v != 100 {
+		t.Errorf("rls_rlqs_requests_total allowed %v, want 100", v)
+	}
+}
+
+func getJSON(t *testing.T, url string, v any) {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("%s: %s\n%s", url, resp.Status, body)
+	}
+	if err := json.Unmarshal(body, v); err != nil {
+		t.Fatalf("%s: %v\n%s", url, err, body)
+	}
+}

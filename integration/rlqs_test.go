@@ -1,0 +1,166 @@
+package integration
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/internal/redistest"
+)
+
+// The figures of the RLQS scenario: 10 proxies share one bucket whose rule admits 1,000
+// requests a second with a burst of 200; 3 proxies are offered 955 a second each and the other
+// 7 20 a second each (3,005 a second in all); at 8 s the heavy demand moves to 3 other proxies.
+const (
+	rlqsProxies  = 10
+	rlqsLimit    = 1000.0
+	rlqsBurst    = 200.0
+	rlqsHeavy    = 955.0
+	rlqsLight    = 20.0
+	rlqsShiftAt  = 8 * time.Second
+	rlqsTotal    = 16 * time.Second
+	rlqsInterval = 300 * time.Millisecond
+	// rlqsFollowBound is how soon after the shift the new heavy proxies must hold 90% of their
+	// fair shares: 3 reporting intervals (see check in TestRLQSShares).
+	rlqsFollowBound = 3 * rlqsInterval
+)
+
+const rlqsRules = `domain: rlqs
+descriptors:
+  - key: api_key
+    value: shared
+    rate_limit: {name: shared, unit: second, requests_per_unit: 1000, burst: 200}
+  - key: api_key
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: tenant
+    descriptors:
+      - key: plan
+        value: gold
+        rate_limit: {unit: minute, requests_per_unit: 600}
+`
+
+func rlqsPhases() []phase {
+	demand := func(heavy ...int) []float64 {
+		d := make([]float64, rlqsProxies)
+		for i := range d {
+			d[i] = rlqsLight
+		}
+		for _, h := range heavy {
+			d[h] = rlqsHeavy
+		}
+		return d
+	}
+	return []phase{{0, demand(0, 1, 2)}, {rlqsShiftAt, demand(3, 4, 5)}}
+}
+
+func rlqsArgs(extra ...string) []string {
+	return append([]string{"--rlqs-assignment-ttl", "1s", "--rlqs-tick", "25ms"}, extra...)
+}
+
+// rlqsFigures are one run's measurements.
+type rlqsFigures struct {
+	name         string
+	util1, util2 float64 // admitted ÷ limit over [2 s, 8 s) and [10 s, 16 s)
+	max10        float64 // most admitted in any 10 s window
+	samples      []shareSample
+	follow       time.Duration // from the shift until the new heavy proxies hold ≥ 90% of their fair shares; -1: never
+}
+
+func (f rlqsFigures) over() float64 { return f.max10 - 10*rlqsLimit }
+
+func measure(name string, r emuResult) rlqsFigures {
+	f := rlqsFigures{name: name, util1: r.admitted(2*time.Second, rlqsShiftAt) / (6 * rlqsLimit),
+		util2: r.admitted(10*time.Second, rlqsTotal) / (6 * rlqsLimit), max10: r.maxWindow(10 * time.Second), follow: -1, samples: r.shares}
+	// The heavy proxies' fair share: the limit less what the light ones get (demand + 10%).
+	want := 0.9 * (rlqsLimit - 7*rlqsLight*1.1)
+	for _, sh := range r.shares {
+		if sh.at >= rlqsShiftAt && sh.rates[3]+sh.rates[4]+sh.rates[5] >= want {
+			f.follow = sh.at - rlqsShiftAt
+			break
+		}
+	}
+	return f
+}
+
+var (
+	rlqsTableMu sync.Mutex
+	rlqsTable   = map[string]rlqsFigures{}
+)
+
+func record(f rlqsFigures) {
+	rlqsTableMu.Lock()
+	defer rlqsTableMu.Unlock()
+	rlqsTable[f.name] = f
+}
+
+// TestRLQSShares runs the scenario against one rls, against two rls replicas on one Redis
+// (each serving half the proxies), and, for comparison, with no rls: a static split (each proxy
+// a tenth of the limit) and independent local limits (each proxy the whole limit).
+func TestRLQSShares(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	run := rlqsRun{domain: "rlqs", bucket: map[string]string{"api_key": "shared"}, interval: rlqsInterval,
+		phases: rlqsPhases(), total: rlqsTotal}
+	check := func(t *testing.T, f rlqsFigures) {
+		t.Helper()
+		if bound := 10*rlqsLimit + rlqsBurst; f.max10 > bound {
+			t.Errorf("%s: %.0f admitted in a 10 s window, more than the limit and one burst (%.0f)", f.name, f.max10, bound)
+		}
+		if f.util1 < 0.9 || f.util2 < 0.9 {
+			t.Errorf("%s: utilisation %.3f before the shift and %.3f after, want ≥ 0.9", f.name, f.util1, f.util2)
+		}
+		// A report that shows an old heavy proxy's demand gone may come two reporting intervals
+		// after the shift (the first report after it can cover mostly the old demand), so two
+		// intervals is the floor of the worst case, before the tick that hands the room over: the
+		// bound is three. Measured over 14 runs of each configuration: 380-601 ms, 4 of 28 just over
+		// two intervals (600.2-601.0 ms); see README.
+		if f.follow < 0 || f.follow > rlqsFollowBound {
+			for _, sh := range f.samples {
+				if sh.at >= rlqsShiftAt-100*time.Millisecond && sh.at < rlqsShiftAt+time.Second {
+					t.Logf("%v: %.0f", sh.at-rlqsShiftAt, sh.rates)
+				}
+			}
+			t.Errorf("%s: shares followed the shift in %v, want within 3 reporting intervals (%v)", f.name, f.follow, rlqsFollowBound)
+		}
+	}
+	t.Run("one replica", func(t *testing.T) {
+		t.Parallel()
+		p := startRLS(t, nil, rlqsArgs("--config", rules)...)
+		f := measure("adaptive, 1 replica", run.run(t, []string{p.GRPCAddr}, rlqsProxies))
+		record(f)
+		check(t, f)
+	})
+	t.Run("two replicas on one redis", func(t *testing.T) {
+		t.Parallel()
+		url := redistest.URL(t, redistest.SingleEnv)
+		prefix := fmt.Sprintf("rlqs-%d:", time.Now().UnixNano())
+		args := rlqsArgs("--config", rules, "--backend", "redis", "--redis-url", url, "--redis-key-prefix", prefix)
+		a, b := startRLS(t, nil, args...), startRLS(t, nil, args...)
+		f := measure("adaptive, 2 replicas + Redis", run.run(t, []string{a.GRPCAddr, b.GRPCAddr}, rlqsProxies))
+		record(f)
+		check(t, f)
+	})
+	t.Run("baselines", func(t *testing.T) {
+		t.Parallel()
+		record(measure("static split (limit/N each)", runStatic(rlqsProxies, rlqsLimit/rlqsProxies, rlqsBurst/rlqsProxies, rlqsPhases(), rlqsTotal)))
+		record(measure("independent (limit each)", runStatic(rlqsProxies, rlqsLimit, rlqsBurst, rlqsPhases(), rlqsTotal)))
+	})
+	t.Cleanup(func() {
+		var b strings.Builder
+		fmt.Fprintf(&b, "\n| %-30s | %-19s | %-18s | %-22s | %-20s |\n", "", "utilisation 2-8 s", "utilisation 10-16 s", "max in a 10 s window", "shares follow shift")
+		fmt.Fprintf(&b, "|%s|%s|%s|%s|%s|\n", strings.Repeat("-", 32), strings.Repeat("-", 21), strings.Repeat("-", 20), strings.Repeat("-", 24), strings.Repeat("-", 22))
+		for _, name := range []string{"adaptive, 1 replica", "adaptive, 2 replicas + Redis", "static split (limit/N each)", "independent (limit each)"} {
+			f, ok := rlqsTable[name]
+			if !ok {
+				continue
+			}
+			follow := "-"
+			if f.follow >= 0 && strings.HasPrefix(name, "adaptive") {
+				follow = f.follow.String()
+			}
+			fmt.Fprintf(&b, "| %-30s | %18.1f%% | %17.1f%% | %8.0f (%+6.0f over) | %-20s |\n", name, 100*f.util1, 100*f.util2, f.max10, f.over(), follow)
+		}
+		t.Log(b.String())
+	})
+}

@@ -1,0 +1,217 @@
+package rlqs
+
+import (
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+func TestMaxMinFair(t *testing.T) {
+	tests := []struct {
+		name     string
+		capacity int64
+		demands  []int64
+		want     []int64
+	}{
+		{"none", 100, nil, []int64{}},
+		{"one under", 100, []int64{30}, []int64{100}},
+		{"equal over", 90, []int64{100, 100, 100}, []int64{30, 30, 30}},
+		{"small met, rest split", 100, []int64{10, 100, 100}, []int64{10, 45, 45}},
+		{"all met, spare spread", 100, []int64{10, 20, 30}, []int64{24, 33, 43}},
+		{"remainder to lowest index", 10, []int64{50, 50, 50}, []int64{4, 3, 3}},
+		{"zero capacity", 0, []int64{5, 5}, []int64{0, 0}},
+		{"skew 3 of 10", 1000, []int64{1000, 1000, 1000, 0, 0, 0, 0, 0, 0, 0}, []int64{334, 333, 333, 0, 0, 0, 0, 0, 0, 0}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := maxMinFair(tt.capacity, tt.demands); !slices.Equal(got, tt.want) {
+				t.Errorf("maxMinFair(%d, %v) = %v, want %v", tt.capacity, tt.demands, got, tt.want)
+			}
+		})
+	}
+}
+
+// TestMaxMinFairProperties checks on random inputs: the sum is the capacity, no demand met
+// beyond an unsatisfied one's share, and nobody below min(demand, fair share).
+func TestMaxMinFairProperties(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for i := range 2000 {
+		n := 1 + r.IntN(12)
+		capacity := r.Int64N(5000)
+		d := make([]int64, n)
+		for j := range d {
+			d[j] = r.Int64N(2000)
+		}
+		got := maxMinFair(capacity, d)
+		var sum int64
+		for _, g := range got {
+			sum += g
+		}
+		if sum != capacity {
+			t.Fatalf("case %d: maxMinFair(%d, %v) = %v sums to %d", i, capacity, d, got, sum)
+		}
+		for j := range d {
+			if got[j] < min(d[j], capacity/int64(n)) {
+				t.Fatalf("case %d: proxy %d got %d < min(demand %d, equal share %d)", i, j, got[j], d[j], capacity/int64(n))
+			}
+		}
+	}
+}
+
+// TestAssignNeverOversubscribes drives one bucket with random demands, proxies that come and
+// go and random orders of decisions at fixed instants, checking at every step that the shares
+// held sum to no more than the limit less its reserve, and their max_tokens and the budget to
+// no more than the burst.
+func TestAssignNeverOversubscribes(t *testing.T) {
+	lim := Limit{Rate: 1000, PeriodMs: 1000, Burst: 1000}
+	const ttl = 1000
+	r := rand.New(rand.NewPCG(3, 4))
+	b := newBucketState()
+	ids := []string{"a", "b", "c", "d", "e", "f"}
+	for step := range 5000 {
+		now := int64(step * 50)
+		id := ids[r.IntN(len(ids))]
+		b.advance(lim, now)
+		b.prune(now)
+		force := r.IntN(3) == 0
+		if force {
+			p := b.proxy(id)
+			p.Demand, p.SeenUntil = float64(r.IntN(800)), now+ttl
+		}
+		b.assign(id, lim, now, ttl, force)
+		rate, tokens := b.held(now)
+		if rate > capacity(lim) || tokens*1000+b.budget.Milli > lim.Burst*1000 || b.budget.Milli < 0 {
+			t.Fatalf("step %d: held rate %d, max_tokens %d, budget %d milli > limit %+v", step, rate, tokens, b.budget.Milli, lim)
+		}
+	}
+}
+
+// emuBucket is a proxy's token bucket as Envoy's rate_limit_quota filter keeps it: a new one,
+// full, whenever the token bucket sent differs from the one in force or that one expired; the
+// same one when it is sent again in time. Tokens are in thousandths.
+type emuBucket struct {
+	share   Share
+	until   int64
+	milli   int64
+	updated int64
+}
+
+// TestAssignWindowBound is the guarantee that the budget exists for: proxies that take every
+// token the moment it is there, or idle and then spend everything at once, under random demands,
+// arrivals, departures and decision orders, never admit more than rate·T + burst over any window
+// of T, whatever T.
+func TestAssignWindowBound(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		lim  Limit
+		seed uint64
+	}{
+		{"the scenario's limit", Limit{Rate: 1000, PeriodMs: 1000, Burst: 200}, 1},
+		{"burst larger than rate", Limit{Rate: 100, PeriodMs: 1000, Burst: 500}, 2},
+		{"per minute", Limit{Rate: 600, PeriodMs: 60000, Burst: 600}, 3},
+		{"tiny burst", Limit{Rate: 1000, PeriodMs: 1000, Burst: 7}, 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lim := tc.lim
+			const ttl, step = 1000, 10
+			r := rand.New(rand.NewPCG(tc.seed, 9))
+			b := newBucketState()
+			ids := []string{"a", "b", "c", "d", "e", "f", "g", "h"}
+			buckets := map[string]*emuBucket{}
+			idle := map[string]bool{}
+			var admitted []int64 // per step
+			for i := range 6000 {
+				now := int64(i * step)
+				if i%100 == 0 { // demands shift now and then
+					for _, id := range ids {
+						idle[id] = r.IntN(3) == 0
+					}
+				}
+				for range 1 + r.IntN(3) {
+					id := ids[r.IntN(len(ids))]
+					b.advance(lim, now)
+					b.prune(now)
+					force := r.IntN(4) == 0
+					if force {
+						p := b.proxy(id)
+						p.Demand, p.SeenUntil = float64(r.IntN(int(lim.Rate)*2)), now+ttl
+					}
+					s, send := b.assign(id, lim, now, ttl, force)
+					if !send {
+						continue
+					}
+					eb := buckets[id]
+					if eb == nil || eb.until < now || eb.share != s {
+						eb = &emuBucket{share: s, milli: s.Burst * 1000, updated: now}
+						buckets[id] = eb
+					}
+					eb.until = now + ttl
+				}
+				var n int64
+				for id, eb := range buckets {
+					if eb.until < now || eb.share.Rate == 0 {
+						continue
+					}
+					eb.milli = min(eb.share.Burst*1000, eb.milli+eb.share.Rate*(now-eb.updated)*1000/lim.PeriodMs)
+					eb.updated = now
+					if !idle[id] {
+						n += eb.milli / 1000
+						eb.milli %= 1000
+					}
+				}
+				admitted = append(admitted, n)
+			}
+			for _, w := range []int{1, 10, 50, 100, 300, 1000, 3000} { // steps
+				var sum int64
+				for i, a := range admitted {
+					sum += a
+					if i >= w {
+						sum -= admitted[i-w]
+					}
+					// A window of w steps spans (w-1)·step ms of refill between its first and last instant.
+					bound := lim.Rate*int64(w-1)*step/lim.PeriodMs + lim.Burst
+					if sum > bound {
+						t.Fatalf("window of %d ms ending at step %d: admitted %d > rate·T + burst = %d", w*step, i, sum, bound)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestAssignSteps follows a new proxy joining two that hold everything, at fixed instants.
+func TestAssignSteps(t *testing.T) {
+	lim := Limit{Rate: 960, PeriodMs: 1000, Burst: 192} // reserve 30, capacity 930
+	const ttl = 1000
+	b := newBucketState()
+	report := func(id string, demand float64, now int64) Share {
+		b.advance(lim, now)
+		b.prune(now)
+		p := b.proxy(id)
+		p.Demand, p.SeenUntil = demand, now+ttl
+		s, _ := b.assign(id, lim, now, ttl, true)
+		return s
+	}
+	steps := []struct {
+		name   string
+		id     string
+		demand float64
+		now    int64
+		want   Share
+		budget int64 // milli, after the step
+	}{
+		{"a alone gets everything less the reserve, with its part of an eighth of the burst", "a", 2000, 0, Share{930, 23}, 192000 - 23000},
+		{"b joins: a holds it all", "b", 2000, 10, Share{0, 0}, 169000},
+		{"a reports: drops to half, a new bucket paid from the budget", "a", 2000, 100, Share{465, 11}, 169000 - 11000},
+		{"b reports: gets the half a released", "b", 2000, 110, Share{465, 11}, 158000 + 4950 - 11000},
+		{"c joins", "c", 2000, 200, Share{0, 0}, 151950 + 2700},
+		{"a drops to a third", "a", 2000, 300, Share{310, 7}, 154650 + 3000 - 7000},
+		{"b drops to a third", "b", 2000, 310, Share{310, 7}, 150650 + 1850 - 7000},
+		{"c gets its third", "c", 2000, 320, Share{310, 7}, 145500 + 3400 - 7000},
+	}
+	for _, st := range steps {
+		if got := report(st.id, st.demand, st.now); got != st.want || b.budget.Milli != st.budget {
+			t.Fatalf("%s: got %+v and a budget of %d, want %+v and %d", st.name, got, b.budget.Milli, st.want, st.budget)
+		}
+	}
+}

@@ -1,0 +1,246 @@
+package rlqs
+
+import (
+	"cmp"
+	"encoding/json"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// The per-rule gauges, computed from the streams at each scrape.
+var (
+	proxiesDesc = prometheus.NewDesc("rls_rlqs_proxies",
+		"Proxies (RLQS streams on this replica) reporting buckets of the rule.", []string{"domain", "rule"}, nil)
+	bucketsDesc = prometheus.NewDesc("rls_rlqs_buckets",
+		"Bucket subscriptions (proxy × bucket) of the rule on this replica.", []string{"domain", "rule"}, nil)
+	assignedDesc = prometheus.NewDesc("rls_rlqs_assigned_rate",
+		"Requests per second assigned to this replica's proxies for buckets of the rule (token bucket fill rates).", []string{"domain", "rule"}, nil)
+	demandDesc = prometheus.NewDesc("rls_rlqs_demand_rate",
+		"Requests per second this replica's proxies last reported for buckets of the rule (allowed + denied).", []string{"domain", "rule"}, nil)
+	streamsDesc = prometheus.NewDesc("rls_rlqs_streams", "Open RLQS streams.", nil, nil)
+	storeDesc   = prometheus.NewDesc("rls_rlqs_store_buckets",
+		"Buckets the in-memory share store keeps (proxies' demand and held shares; absent with Redis).", nil, nil)
+)
+
+type collector struct{ s *Server }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{proxiesDesc, bucketsDesc, assignedDesc, demandDesc, streamsDesc, storeDesc} {
+		ch <- d
+	}
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	type agg struct {
+		proxies, buckets int
+		assigned, demand float64
+	}
+	type ruleKey struct{ domain, rule string }
+	aggs := map[ruleKey]*agg{}
+	streams := c.s.snapshotStreams()
+	for _, st := range streams {
+		st.mu.Lock()
+		counted := map[ruleKey]bool{}
+		for _, b := range st.buckets {
+			k := ruleKey{st.domain, ruleName(b.pol.rule)}
+			a := aggs[k]
+			if a == nil {
+				a = &agg{}
+				aggs[k] = a
+			}
+			if !counted[k] {
+				counted[k] = true
+				a.proxies++
+			}
+			a.buckets++
+			a.demand += b.demand
+			if b.sent && !b.allowAll && b.pol.lim.PeriodMs > 0 {
+				a.assigned += float64(b.share.Rate) * 1000 / float64(b.pol.lim.PeriodMs)
+			}
+		}
+		st.mu.Unlock()
+	}
+	ch <- prometheus.MustNewConstMetric(streamsDesc, prometheus.GaugeValue, float64(len(streams)))
+	if m, ok := c.s.store.(*Memory); ok {
+		ch <- prometheus.MustNewConstMetric(storeDesc, prometheus.GaugeValue, float64(m.Len()))
+	}
+	for k, a := range aggs {
+		ch <- prometheus.MustNewConstMetric(proxiesDesc, prometheus.GaugeValue, float64(a.proxies), k.domain, k.rule)
+		ch <- prometheus.MustNewConstMetric(bucketsDesc, prometheus.GaugeValue, float64(a.buckets), k.domain, k.rule)
+		ch <- prometheus.MustNewConstMetric(assignedDesc, prometheus.GaugeValue, a.assigned, k.domain, k.rule)
+		ch <- prometheus.MustNewConstMetric(demandDesc, prometheus.GaugeValue, a.demand, k.domain, k.rule)
+	}
+}
+
+func (s *Server) snapshotStreams() []*stream {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*stream, 0, len(s.streams))
+	for st := range s.streams {
+		out = append(out, st)
+	}
+	return out
+}
+
+// Streams is the number of open streams.
+func (s *Server) Streams() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.streams)
+}
+
+type assignmentJSON struct {
+	Proxy    string    `json:"proxy"`
+	Domain   string    `json:"domain"`
+	Bucket   string    `json:"bucket"`
+	Rule     string    `json:"rule"`
+	Source   string    `json:"source,omitempty"`
+	Demand   float64   `json:"demand_per_second"`
+	Strategy string    `json:"strategy"`
+	Rate     int64     `json:"rate,omitempty"`
+	Burst    int64     `json:"burst,omitempty"`
+	Period   string    `json:"period,omitempty"`
+	SentAt   time.Time `json:"sent_at,omitzero"`
+}
+
+func strategyName(b *streamBucket) string {
+	switch {
+	case !b.sent:
+		return "none"
+	case b.allowAll:
+		return "allow_all"
+	case b.share.Rate == 0:
+		return "deny_all"
+	}
+	return "token_bucket"
+}
+
+// AssignmentsHandler serves GET /debug/rlqs: every assignment this replica's streams hold,
+// by domain, bucket and proxy.
+func (s *Server) AssignmentsHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		var out []assignmentJSON
+		for _, st := range s.snapshotStreams() {
+			st.mu.Lock()
+			for _, b := range st.buckets {
+				a := assignmentJSON{Proxy: st.id, Domain: st.domain, Bucket: b.id.String(), Rule: ruleName(b.pol.rule),
+					Demand: b.demand, Strategy: strategyName(b), SentAt: b.sentAt}
+				if b.pol.rule != nil {
+					a.Source = b.pol.rule.Source
+				}
+				if a.Strategy == "token_bucket" {
+					a.Rate, a.Burst, a.Period = b.share.Rate, max(b.share.Burst, 1), ttlDuration(b.pol.lim.PeriodMs).String()
+				}
+				out = append(out, a)
+			}
+			st.mu.Unlock()
+		}
+		slices.SortFunc(out, func(a, b assignmentJSON) int {
+			return cmp.Or(strings.Compare(a.Domain, b.Domain), strings.Compare(a.Bucket, b.Bucket), strings.Compare(a.Proxy, b.Proxy))
+		})
+		writeJSON(w, http.StatusOK, map[string]any{"ttl": s.ttl.String(), "streams": s.Streams(), "assignments": out})
+	})
+}
+
+type explainProxyJSON struct {
+	Proxy        string    `json:"proxy"`
+	Demand       float64   `json:"demand_per_second"`
+	DemandCounts bool      `json:"demand_counts"`
+	Target       int64     `json:"target_rate"`
+	HeldRate     int64     `json:"held_rate"`
+	HeldBurst    int64     `json:"held_burst"`
+	HeldUntil    time.Time `json:"held_until,omitzero"`
+}
+
+// ExplainHandler serves GET /debug/rlqs/explain?domain=D&bucket=k=v&bucket=k2=v2: the rule a
+// bucket id maps to and in which key order, the limit divided, and every proxy's demand, target
+// and held share as the store has them.
+func (s *Server) ExplainHandler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		q := r.URL.Query()
+		domain := q.Get("domain")
+		m := map[string]string{}
+		for _, kv := range q["bucket"] {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": "bucket " + kv + ": want key=value"})
+				return
+			}
+			m[k] = v
+		}
+		if domain == "" {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want ?domain=D&bucket=key=value[&bucket=key2=value2]"})
+			return
+		}
+		id, err := parseBucketID(m)
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return
+		}
+		rs := s.rules()
+		rule, order := match(rs, domain, id)
+		pol := policyOf(rule)
+		out := map[string]any{"domain": domain, "bucket": id.String()}
+		if rule == nil {
+			why := "no rules loaded"
+			if rs != nil {
+				_, why = rs.Explain(domain, id)
+			}
+			out["rule"] = nil
+			out["why"] = why
+			out["strategy"] = "allow_all: a bucket that matches no rule is not limited, as ShouldRateLimit answers OK for it"
+			writeJSON(w, http.StatusOK, out)
+			return
+		}
+		keys := make([]string, len(order))
+		for i, e := range order {
+			keys[i] = e.Key
+		}
+		out["rule"] = map[string]any{"path": rule.Path, "source": rule.Source}
+		out["matched_key_order"] = keys
+		if pol.allowAll {
+			out["strategy"] = "allow_all: the rule does not limit (allow-listed, unlimited or shadow mode)"
+			writeJSON(w, http.StatusOK, out)
+			return
+		}
+		out["limit"] = map[string]any{"rate": pol.lim.Rate, "period": ttlDuration(pol.lim.PeriodMs).String(), "burst": pol.lim.Burst, "name": pol.limit.Name}
+		state, err := s.store.Peek(r.Context(), id.key(domain))
+		if err != nil {
+			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+			return
+		}
+		now := s.now().UnixMilli()
+		bs := newBucketState()
+		for id, p := range state {
+			bs.proxies[id] = &p
+		}
+		targets := bs.targets(pol.lim, now)
+		var proxies []explainProxyJSON
+		var held int64
+		for _, pid := range sortedIDs(state) {
+			p := state[pid]
+			e := explainProxyJSON{Proxy: pid, Demand: p.Demand, DemandCounts: p.SeenUntil >= now, Target: targets[pid]}
+			if p.HoldUntil >= now {
+				e.HeldRate, e.HeldBurst, e.HeldUntil = p.Held.Rate, p.Held.Burst, time.UnixMilli(p.HoldUntil)
+				held += p.Held.Rate
+			}
+			proxies = append(proxies, e)
+		}
+		out["proxies"] = proxies
+		out["held_rate"] = held
+		out["strategy"] = "max-min fair shares of the rate by demand, each capped by what the other proxies hold"
+		writeJSON(w, http.StatusOK, out)
+	})
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,205 @@
+package rlqs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	goredis "github.com/redis/go-redis/v9"
+)
+
+// Redis is a Store in Redis, shared by every replica that uses the same Redis and prefix: one
+// hash per bucket, a field per proxy. Each Assign reads the hash, decides and writes back in one
+// optimistic transaction (WATCH/MULTI/EXEC, retried on conflict), so replicas decide one after
+// another from the same state and the shares they hand out never sum to more than the limit.
+type Redis struct {
+	rdb    goredis.UniversalClient
+	prefix string
+}
+
+var _ Store = (*Redis)(nil)
+
+// NewRedis returns a Store on rdb, whose keys start with prefix. Close closes rdb.
+func NewRedis(rdb goredis.UniversalClient, prefix string) *Redis {
+	return &Redis{rdb: rdb, prefix: prefix}
+}
+
+// maxTxRetries bounds the attempts of one Assign against concurrent writers of the same bucket.
+const maxTxRetries = 20
+
+// errContended is returned when a bucket changed under every attempt.
+var errContended = errors.New("rlqs: redis: bucket contended; try again")
+
+// key is bucket's hash; the braces keep it to one slot of a Cluster.
+func (r *Redis) key(bucket string) string { return r.prefix + "rlqs:{" + bucket + "}" }
+
+// Assign implements Store.
+func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Share, bool, error) {
+	key := r.key(bucket)
+	var (
+		share Share
+		send  bool
+	)
+	txf := func(tx *goredis.Tx) error {
+		raw, err := tx.HGetAll(ctx, key).Result()
+		if err != nil {
+			return err
+		}
+		b := decodeBucket(raw, now)
+		before := b.budget
+		b.advance(lim, now)
+		gone := b.prune(now)
+		if report != nil {
+			p := b.proxy(proxy)
+			p.Demand, p.SeenUntil = *report, now+ttlMs
+		}
+		spent := b.budget
+		share, send = b.assign(proxy, lim, now, ttlMs, report != nil)
+		if report == nil && !send && len(gone) == 0 && b.budget == spent && before.At != 0 {
+			return nil // nothing handed out or forgotten: no write (the budget refills when read)
+		}
+		_, err = tx.TxPipelined(ctx, func(p goredis.Pipeliner) error {
+			if len(gone) > 0 {
+				p.HDel(ctx, key, gone...)
+			}
+			p.HSet(ctx, key, proxy, encodeProxy(b.proxies[proxy]), budgetField, encodeBudget(b.budget))
+			p.PExpire(ctx, key, ttlDuration(forgetAfterMs(lim, ttlMs)))
+			return nil
+		})
+		return err
+	}
+	for range maxTxRetries {
+		err := r.rdb.Watch(ctx, txf, key)
+		if errors.Is(err, goredis.TxFailedErr) {
+			continue
+		}
+		if err != nil {
+			return Share{}, false, fmt.Errorf("rlqs: redis: %w", err)
+		}
+		return share, send, nil
+	}
+	return Share{}, false, errContended
+}
+
+// Leave implements Store.
+func (r *Redis) Leave(ctx context.Context, bucket, proxy string, now int64) error {
+	key := r.key(bucket)
+	txf := func(tx *goredis.Tx) error {
+		v, err := tx.HGet(ctx, key, proxy).Result()
+		if errors.Is(err, goredis.Nil) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		p, ok := decodeProxy(v)
+		if !ok {
+			return nil
+		}
+		// The proxy is forgotten by the next Assign, which first refills the budget up to the
+		// end of its hold.
+		p.SeenUntil = 0
+		_, err = tx.TxPipelined(ctx, func(pl goredis.Pipeliner) error {
+			pl.HSet(ctx, key, proxy, encodeProxy(&p))
+			return nil
+		})
+		return err
+	}
+	for range maxTxRetries {
+		err := r.rdb.Watch(ctx, txf, key)
+		if errors.Is(err, goredis.TxFailedErr) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("rlqs: redis: %w", err)
+		}
+		return nil
+	}
+	return errContended
+}
+
+// Peek implements Store.
+func (r *Redis) Peek(ctx context.Context, bucket string) (map[string]proxyState, error) {
+	raw, err := r.rdb.HGetAll(ctx, r.key(bucket)).Result()
+	if err != nil {
+		return nil, fmt.Errorf("rlqs: redis: %w", err)
+	}
+	out := map[string]proxyState{}
+	for id, p := range decodeBucket(raw, 0).proxies {
+		out[id] = *p
+	}
+	return out, nil
+}
+
+// Close implements Store.
+func (r *Redis) Close() error { return r.rdb.Close() }
+
+// encodeProxy writes a proxy's state as "demand seenUntil rate burst holdUntil".
+func encodeProxy(p *proxyState) string {
+	return strconv.FormatFloat(p.Demand, 'g', -1, 64) + " " + strconv.FormatInt(p.SeenUntil, 10) + " " +
+		strconv.FormatInt(p.Held.Rate, 10) + " " + strconv.FormatInt(p.Held.Burst, 10) + " " + strconv.FormatInt(p.HoldUntil, 10)
+}
+
+// decodeProxy reads encodeProxy's form; ok is false for anything else.
+func decodeProxy(v string) (proxyState, bool) {
+	f := strings.Fields(v)
+	if len(f) != 5 {
+		return proxyState{}, false
+	}
+	var p proxyState
+	var errs [5]error
+	p.Demand, errs[0] = strconv.ParseFloat(f[0], 64)
+	p.SeenUntil, errs[1] = strconv.ParseInt(f[1], 10, 64)
+	p.Held.Rate, errs[2] = strconv.ParseInt(f[2], 10, 64)
+	p.Held.Burst, errs[3] = strconv.ParseInt(f[3], 10, 64)
+	p.HoldUntil, errs[4] = strconv.ParseInt(f[4], 10, 64)
+	if errors.Join(errs[:]...) != nil || p.Demand < 0 || p.Held.Rate < 0 || p.Held.Burst < 0 {
+		return proxyState{}, false
+	}
+	return p, true
+}
+
+// budgetField is the field of a bucket's hash that holds its budget; proxy ids never start with "~".
+const budgetField = "~budget"
+
+// encodeBudget writes a budget as "milli at".
+func encodeBudget(g budget) string {
+	return strconv.FormatInt(g.Milli, 10) + " " + strconv.FormatInt(g.At, 10)
+}
+
+// decodeBudget reads encodeBudget's form; ok is false for anything else.
+func decodeBudget(v string) (budget, bool) {
+	f := strings.Fields(v)
+	if len(f) != 2 {
+		return budget{}, false
+	}
+	milli, err1 := strconv.ParseInt(f[0], 10, 64)
+	at, err2 := strconv.ParseInt(f[1], 10, 64)
+	if err1 != nil || err2 != nil || milli < 0 || at <= 0 {
+		return budget{}, false
+	}
+	return budget{Milli: milli, At: at}, true
+}
+
+// decodeBucket reads a bucket's hash. A field it cannot read is dropped, and a proxy whose hold
+// it cannot read holds nothing: the hash is written only by rls, so this is a foreign key. A
+// budget it cannot read is empty as of now, which hands out nothing until it refills.
+func decodeBucket(raw map[string]string, now int64) *bucketState {
+	b := &bucketState{proxies: make(map[string]*proxyState, len(raw))}
+	for id, v := range raw {
+		if id == budgetField {
+			g, ok := decodeBudget(v)
+			if !ok {
+				g = budget{At: now}
+			}
+			b.budget = g
+			continue
+		}
+		if p, ok := decodeProxy(v); ok {
+			b.proxies[id] = &p
+		}
+	}
+	return b
+}

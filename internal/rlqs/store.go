@@ -1,0 +1,129 @@
+package rlqs
+
+import (
+	"context"
+	"maps"
+	"slices"
+	"sync"
+)
+
+// Store keeps the bucket states that shares are computed from. Memory serves one replica;
+// Redis lets replicas divide one limit.
+type Store interface {
+	// Assign records, when report is set, proxy's demand (requests per second) for bucket, seen
+	// until now + ttlMs, and decides its share (see bucketState.assign). Times are Unix ms.
+	Assign(ctx context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Share, bool, error)
+	// Leave stops counting proxy's demand for bucket; what it holds stays held until it expires,
+	// since the proxy may go on enforcing it that long.
+	Leave(ctx context.Context, bucket, proxy string, now int64) error
+	// Peek returns a copy of bucket's state.
+	Peek(ctx context.Context, bucket string) (map[string]proxyState, error)
+	Close() error
+}
+
+// Memory is a Store in this process. It is safe for concurrent use.
+type Memory struct {
+	mu        sync.Mutex
+	buckets   map[string]*bucketState
+	lastSweep int64
+}
+
+var _ Store = (*Memory)(nil)
+
+// NewMemory returns an empty Memory store.
+func NewMemory() *Memory { return &Memory{buckets: map[string]*bucketState{}} }
+
+// Assign implements Store.
+func (m *Memory) Assign(_ context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Share, bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sweepLocked(now)
+	b := m.buckets[bucket]
+	if b == nil {
+		b = newBucketState()
+		m.buckets[bucket] = b
+	}
+	b.advance(lim, now)
+	b.prune(now)
+	if report != nil {
+		p := b.proxy(proxy)
+		p.Demand, p.SeenUntil = *report, now+ttlMs
+	}
+	s, send := b.assign(proxy, lim, now, ttlMs, report != nil)
+	return s, send, nil
+}
+
+// Leave implements Store.
+func (m *Memory) Leave(_ context.Context, bucket, proxy string, now int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sweepLocked(now)
+	b := m.buckets[bucket]
+	if b == nil {
+		return nil
+	}
+	if p := b.proxies[proxy]; p != nil {
+		p.SeenUntil = 0
+	}
+	b.advance(b.lim, now)
+	b.prune(now)
+	if b.empty(now) {
+		delete(m.buckets, bucket)
+	}
+	return nil
+}
+
+// sweepInterval is how often, at most, Memory looks over every bucket for what to forget.
+const sweepInterval = 1000 // ms
+
+// sweepLocked forgets, at most every sweepInterval, the proxies and buckets that hold nothing
+// and count for nothing at now (a bucket once its budget has refilled). m.mu must be held.
+func (m *Memory) sweepLocked(now int64) {
+	if now-m.lastSweep < sweepInterval {
+		return
+	}
+	m.lastSweep = now
+	m.sweepAllLocked(now)
+}
+
+// Sweep forgets the proxies and buckets that hold nothing and count for nothing at now.
+func (m *Memory) Sweep(now int64) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.sweepAllLocked(now)
+}
+
+func (m *Memory) sweepAllLocked(now int64) {
+	for k, b := range m.buckets {
+		b.advance(b.lim, now)
+		if b.prune(now); b.empty(now) {
+			delete(m.buckets, k)
+		}
+	}
+}
+
+// Len is the number of buckets kept.
+func (m *Memory) Len() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.buckets)
+}
+
+// Peek implements Store.
+func (m *Memory) Peek(_ context.Context, bucket string) (map[string]proxyState, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := map[string]proxyState{}
+	if b := m.buckets[bucket]; b != nil {
+		for id, p := range b.proxies {
+			out[id] = *p
+		}
+	}
+	return out, nil
+}
+
+// Close implements Store.
+func (m *Memory) Close() error { return nil }
+
+// sortedIDs returns the keys of a state, sorted.
+func sortedIDs(m map[string]proxyState) []string { return slices.Sorted(maps.Keys(m)) }

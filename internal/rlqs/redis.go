@@ -70,17 +70,10 @@ func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, rep
 		})
 		return err
 	}
-	for range maxTxRetries {
-		err := r.rdb.Watch(ctx, txf, key)
-		if errors.Is(err, goredis.TxFailedErr) {
-			continue
-		}
-		if err != nil {
-			return Share{}, false, fmt.Errorf("rlqs: redis: %w", err)
-		}
-		return share, send, nil
+	if err := r.transact(ctx, key, txf); err != nil {
+		return Share{}, false, err
 	}
-	return Share{}, false, errContended
+	return share, send, nil
 }
 
 // Leave implements Store.
@@ -107,6 +100,12 @@ func (r *Redis) Leave(ctx context.Context, bucket, proxy string, now int64) erro
 		})
 		return err
 	}
+	return r.transact(ctx, key, txf)
+}
+
+// transact runs txf on key in an optimistic transaction, again while another client changed key
+// meanwhile, up to maxTxRetries times (then errContended).
+func (r *Redis) transact(ctx context.Context, key string, txf func(*goredis.Tx) error) error {
 	for range maxTxRetries {
 		err := r.rdb.Watch(ctx, txf, key)
 		if errors.Is(err, goredis.TxFailedErr) {

@@ -23,20 +23,56 @@ type lruEntry struct {
 	frac       uint32
 	rate1      uint32 // Rate - 1
 	prev, next int32  // the recency ring through entries[0]; next chains the free list
+	ext        *extState // the state of a window algorithm, nil under GCRA
+}
+
+// extState is what a window algorithm's state holds beyond a GCRA state's fields.
+type extState struct {
+	alg         Algorithm
+	count, prev int64
+	log         []int64
+}
+
+// extBytes is what an extState costs beyond its entry: the struct and its log.
+func extBytes(x *extState) int64 {
+	if x == nil {
+		return 0
+	}
+	return 48 + 8*int64(cap(x.log))
 }
 
 func (e *lruEntry) state() State {
+	if x := e.ext; x != nil {
+		return State{TAT: e.tat, Frac: x.count, Prev: x.prev, Rate: int64(e.rate1) + 1, Period: e.period, Alg: x.alg, Log: x.log}
+	}
 	return State{TAT: e.tat, Frac: int64(e.frac), Rate: int64(e.rate1) + 1, Period: e.period}
 }
 
-func (e *lruEntry) set(s State) {
-	e.tat, e.period, e.frac, e.rate1 = s.TAT, s.Period, uint32(s.Frac), uint32(s.Rate-1)
+// set stores s; it returns the change in the bytes the entry's extState takes.
+func (e *lruEntry) set(s State) int64 {
+	e.tat, e.period, e.rate1 = s.TAT, s.Period, uint32(s.Rate-1)
+	before := extBytes(e.ext)
+	if s.Alg == GCRA {
+		e.frac, e.ext = uint32(s.Frac), nil
+		return -before
+	}
+	if e.ext == nil {
+		e.ext = new(extState)
+	}
+	*e.ext = extState{alg: s.Alg, count: s.Frac, prev: s.Prev, log: s.Log}
+	return extBytes(e.ext) - before
 }
 
 // packable reports whether set keeps s exactly.
 func packable(s State) bool {
+	if s.Alg != GCRA {
+		return s.Rate >= 1 && s.Rate <= 1<<32
+	}
 	return s.Rate >= 1 && s.Rate <= 1<<32 && s.Frac >= 0 && s.Frac < s.Rate
 }
+
+// set stores s in entry i, counting what its extState takes.
+func (t *lruTable) set(i int32, s State) { t.bytes += t.entries[i].set(s) }
 
 // lruTable is one shard's keys, least recently used first out, bounded in bytes and in count.
 // It is not safe for concurrent use. Entries live in one slice linked by index (no allocation
@@ -83,7 +119,8 @@ func (t *lruTable) add(hash uint64, key string, s State, now int64) (evicted int
 		if !t.entries[i].state().Fresh(now) {
 			evicted++
 		}
-		t.bytes += int64(len(key) - len(t.entries[i].key))
+		t.bytes += int64(len(key)-len(t.entries[i].key)) - extBytes(t.entries[i].ext)
+		t.entries[i].ext = nil
 		t.unlink(i)
 	case t.free != 0:
 		i = t.free
@@ -99,7 +136,7 @@ func (t *lruTable) add(hash uint64, key string, s State, now int64) (evicted int
 	t.index[hash] = i
 	e := &t.entries[i]
 	e.key = key
-	e.set(s)
+	t.bytes += e.set(s)
 	t.pushFront(i)
 	for t.bytes > t.maxBytes || (t.maxKeys > 0 && t.n > t.maxKeys) {
 		oldest := t.entries[0].prev
@@ -120,7 +157,7 @@ func (t *lruTable) remove(i int32) {
 	t.unlink(i)
 	e := &t.entries[i]
 	t.n--
-	t.bytes -= int64(len(e.key)) + entryOverhead
+	t.bytes -= int64(len(e.key)) + entryOverhead + extBytes(e.ext)
 	*e = lruEntry{next: t.free}
 	t.free = i
 }

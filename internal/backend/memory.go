@@ -202,7 +202,7 @@ func (m *Memory) Decide(_ context.Context, reqs []Request, out []Decision) (bool
 			if sc.next[i].Fresh(now) {
 				t.remove(sc.entry[i])
 			} else if packable(sc.next[i]) {
-				t.entries[sc.entry[i]].set(sc.next[i])
+				t.set(sc.entry[i], sc.next[i])
 			}
 		}
 		for i := range reqs {

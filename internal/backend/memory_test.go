@@ -250,3 +250,13 @@ func BenchmarkMemoryDecideChurn(b *testing.B) {
 		b.Fatalf("%d keys held: idle keys do not leave", m.Len())
 	}
 }
+
+func TestMemoryClocked(t *testing.T) {
+	backendtest.RunClocked(t, func(t *testing.T, clock *backendtest.Clock) backend.Backend {
+		m, err := backend.NewMemory(backend.MemoryOptions{Now: clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	})
+}

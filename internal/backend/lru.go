@@ -21,8 +21,8 @@ type lruEntry struct {
 	tat        int64
 	period     int64
 	frac       uint32
-	rate1      uint32 // Rate - 1
-	prev, next int32  // the recency ring through entries[0]; next chains the free list
+	rate1      uint32    // Rate - 1
+	prev, next int32     // the recency ring through entries[0]; next chains the free list
 	ext        *extState // the state of a window algorithm, nil under GCRA
 }
 

@@ -252,7 +252,7 @@ func decideFixed(s State, l Limit, now, cost int64) (State, Decision) {
 
 func refundFixed(s State, l Limit, now, cost int64) (State, Decision) {
 	_, end := l.Bounds(now)
-	n := max(fixedCount(s, l, end)-max(cost, 0), 0)
+	n := max(fixedCount(s, l, end)-l.ClampCost(cost), 0)
 	d := Decision{Allowed: true, Remaining: max(l.Rate-n, 0)}
 	if n > 0 {
 		d.ResetAfter = since(end, now)
@@ -314,7 +314,7 @@ func decideSliding(s State, l Limit, now, cost int64) (State, Decision) {
 func refundSliding(s State, l Limit, now, cost int64) (State, Decision) {
 	start, end := l.Bounds(now)
 	cur, prev := slidingCounts(s, l, start, end)
-	cur = max(cur-max(cost, 0), 0)
+	cur = max(cur-l.ClampCost(cost), 0)
 	ns := slidingState(l, end, cur, prev)
 	used := slidingUsed(l, cur, prev, start, now)
 	return ns, Decision{Allowed: true, Remaining: max(l.Rate-used, 0), ResetAfter: since(ns.Expiry(), now)}
@@ -373,6 +373,7 @@ func decideLog(s State, l Limit, now, cost int64) (State, Decision) {
 // refundLog gives back cost hits, the most recent first.
 func refundLog(s State, l Limit, now, cost int64) (State, Decision) {
 	log, n := liveLog(s, l, now)
+	cost = l.ClampCost(cost)
 	if cost > 0 && len(log) > 0 {
 		log = append([]int64(nil), log...)
 		for cost > 0 && len(log) > 0 {

@@ -127,7 +127,7 @@ func BenchmarkScript(b *testing.B) {
 				for i, c := range calls {
 					c.reset()
 					req := backend.Request{Limit: l, Cost: 1}
-					c.add(fmt.Sprintf("%sk%d-%d", be.prefix, r%1000, i), &req)
+					c.add(fmt.Sprintf("%sk%d-%d", be.prefix, r%1000, i), &req, 0)
 				}
 				args := decideArgs(script.Hash(), 0, calls[0])
 				if n > 1 {

@@ -26,19 +26,30 @@
 --       hold part of the batch (Cluster slots), ARGV[5] per key: rate, period (us), burst, cost
 --       (clamped to [0, burst+1], or under overdraft to [0, Limit.MaxCharge]), flags (1 refund,
 --       + 2*mode with mode 0 enforce, 1 shadow, 2 quota, + 8 overdraft), as little-endian
---       doubles. Rate is > 0: rls decides rate 0 itself.
+--       doubles, then the window: offset, 0, 0 for Period-long windows, or for calendar windows
+--       the start and end of the window holding rls's instant and the end of the next one.
+--       flags add 16*algorithm (0 gcra, 1 fixed_window, 2 sliding_window, 3 sliding_log).
+--       Rate is > 0: rls decides rate 0 itself.
 --       Replies with one string of doubles: charged (1/0), then per key allowed, remaining,
 --       retry_us, reset_us; with ARGV[4] = "1" also, per key, the check-only remaining and
 --       reset_us (what the key reports once the batch is undone) and the exact change written
---       (delta_us, delta_frac in 1/rate us; zero but on a key's last occurrence).
+--       (delta_us, delta_frac in 1/rate us; zero but on a key's last occurrence), then two
+--       more: under sliding_log the hits a refund removed and the instant of the newest of them.
 --   "m" several batches, each decided as by "d" with ARGV[4] = "0", in order, as one call each
 --       would: ARGV[3], ARGV[4] are the first batch's threshold and values, ARGV[5], ARGV[6] the
 --       second's, and so on; KEYS are the batches' keys in order. Replies with the replies of
 --       "d", concatenated. This pays the fixed cost of a script call (and TIME) once for many
 --       concurrent calls.
---   "u" undo: ARGV[3] per key: rate, period, burst, delta_us, delta_frac, overdraft (1/0):
---       subtracts a change that "d" wrote (for a batch another slot refused), within [now,
---       now + burst], or under overdraft [now, now + MAX_TOLERANCE].
+--   "u" undo: ARGV[3] per key: rate, period, burst, delta_us, delta_frac, overdraft (1/0) +
+--       2*algorithm, removed, removed_at: subtracts a change that "d" wrote (for a batch another slot refused),
+--       within [now, now + burst], or under overdraft [now, now + MAX_TOLERANCE]. Under the
+--       window algorithms the change is (hits, the end of their window) or, under sliding_log,
+--       (hits, their instant).
+--
+-- The window algorithms (backend/window.go) store their state as doubles too: fixed_window
+-- and sliding_window (algorithm, window end, count, previous count, rate, period: 48 bytes),
+-- sliding_log (3, rate, period, entries, then per entry its instant and hits). The first
+-- double tells the forms apart: a GCRA TAT is never 1, 2 or 3.
 --
 -- Overdraft (see backend.Decide): a denied charge of cost > 0 under an overdraft limit is
 -- written anyway, its TAT saturating at now + MAX_TOLERANCE, and never refuses its batch. With
@@ -154,7 +165,7 @@ end
 
 -- A state is a table {tat_us, tat_frac, rate, period}, or false for none.
 local function fresh(s, now)
-  return not s or s[1] < now or (s[1] == now and s[2] == 0)
+  return not s or s[5] ~= nil or s[1] < now or (s[1] == now and s[2] == 0)
 end
 
 -- current returns the TAT of s under L at now, as gcra.go's current: never before now, a state
@@ -273,10 +284,323 @@ local function refund(s, L, now, cost)
   return {tus, tf, rate, L[2]}, 1, count(hus, hf, L), 0, ceil_us(sub(tus, tf, now, 0, rate))
 end
 
+
+-- The window algorithms, as backend/window.go. A state is {end or 0, count, rate, period, alg,
+-- previous count, log}; a limit W is {rate, period, burst, alg = alg, start, end}, with W[10]
+-- its overdraft as in a GCRA limit.
+local MAX_WINDOW_CHARGE = 8589934592 -- 2^33
+local MAX_WINDOW_COUNT = 1099511627776 -- 2^40
+
+-- expiry returns the instant from which a window state holds no usage.
+local function expiry(s)
+  local alg = s[5]
+  if alg == 1 then
+    if s[2] > 0 then
+      return s[1]
+    end
+  elseif alg == 2 then
+    if s[2] > 0 then
+      return s[1] + s[4]
+    elseif s[6] > 0 then
+      return s[1]
+    end
+  elseif alg == 3 then
+    local log = s[7]
+    if #log >= 2 then
+      return log[#log - 1] + s[4]
+    end
+  end
+  return 0
+end
+
+local function left(t, now)
+  if t > now then
+    return t - now
+  end
+  return 0
+end
+
+-- window builds W for a request at now from its values (see the wire format).
+local function window(rate, period, burst, alg, overdraft, wa, wb, wc, now)
+  local W = {rate, period, burst}
+  W[10] = overdraft
+  W.alg = alg
+  if wb > 0 then
+    if now < wb then
+      W.start, W.stop = wa, wb
+    elseif now < wc then
+      W.start, W.stop = wb, wc
+    else
+      error("rls: Redis's clock is past the calendar windows rls computed: clocks apart by more than a window")
+    end
+  else
+    W.start = now - (now - wa) % period
+    W.stop = W.start + period
+  end
+  return W
+end
+
+local function clamp(W, cost)
+  if cost < 0 then
+    return 0
+  end
+  if W[10] and W.alg == 1 then
+    return math.min(cost, MAX_WINDOW_CHARGE)
+  end
+  return math.min(cost, W[3] + 1)
+end
+
+-- counts returns the hits a fixed or sliding window state holds in W's window and the one
+-- before it.
+local function counts(s, W)
+  local cur, prev = 0, 0
+  if s and s[5] == W.alg and s[4] == W[2] then
+    if s[1] == W.stop then
+      cur, prev = s[2], s[6]
+    elseif W.alg == 2 and s[1] == W.start then
+      prev = s[2]
+    end
+  end
+  return cur, prev
+end
+
+-- live returns a copy of a log state's entries still within the period at now, and their hits.
+local function live(s, W, now)
+  local log, n = {}, 0
+  if s and s[5] == 3 and s[4] == W[2] then
+    local old, k = s[7], 1
+    while k <= #old and old[k] <= now - W[2] do
+      k = k + 2
+    end
+    for i = k, #old do
+      log[#log + 1] = old[i]
+    end
+    for i = 2, #log, 2 do
+      n = n + log[i]
+    end
+  end
+  return log, n
+end
+
+-- used is sliding_window's estimate rounded up, in whole milliseconds.
+local function used(W, cur, prev, now)
+  local p = W[2] / 1000
+  local e = floor((now - W.start) / 1000)
+  return cur + (divmod(prev * (p - e) + p - 1, p))
+end
+
+local function wdecide(s, W, now, cost)
+  local rate, period, alg = W[1], W[2], W.alg
+  cost = clamp(W, cost)
+  if alg == 1 then
+    local count = counts(s, W)
+    local reset = 0
+    if count > 0 then
+      reset = left(W.stop, now)
+    end
+    if count + cost <= rate then
+      local n = count + cost
+      local r = 0
+      if n > 0 then
+        r = left(W.stop, now)
+      end
+      return {W.stop, n, rate, period, 1, 0}, 1, rate - n, 0, r
+    end
+    local retry = left(W.stop, now)
+    if cost > rate then
+      retry = retry + period
+    end
+    local ns = s
+    if W[10] and cost > 0 then
+      ns = {W.stop, math.min(count + cost, MAX_WINDOW_COUNT), rate, period, 1, 0}
+    end
+    return ns, 0, math.max(rate - count, 0), retry, reset
+  elseif alg == 2 then
+    local cur, prev = counts(s, W)
+    local u = used(W, cur, prev, now)
+    if u + cost <= rate then
+      local ns = {W.stop, cur + cost, rate, period, 2, prev}
+      return ns, 1, rate - u - cost, 0, left(expiry(ns), now)
+    end
+    local reset = left(expiry({W.stop, cur, rate, period, 2, prev}), now)
+    local p = period / 1000
+    local x = rate - cur - cost
+    local retry
+    if cost > rate then
+      retry = reset + period
+    elseif x >= 0 then
+      retry = left(W.start + (p - (divmod(x * p, prev))) * 1000, now)
+    else
+      retry = left(W.stop + (p - (divmod((rate - cost) * p, cur))) * 1000, now)
+    end
+    return s, 0, math.max(rate - u, 0), retry, reset
+  end
+  -- sliding_log
+  local log, n = live(s, W, now)
+  if n + cost <= rate then
+    if cost > 0 then
+      log[#log + 1] = now
+      log[#log + 1] = cost
+    end
+    local ns = {0, 0, rate, period, 3, 0, log}
+    return ns, 1, rate - n - cost, 0, left(expiry(ns), now)
+  end
+  local reset = left(expiry({0, 0, rate, period, 3, 0, log}), now)
+  local retry = 0
+  if cost > rate then
+    retry = reset + period
+  else
+    local need = n + cost - rate
+    for i = 1, #log, 2 do
+      need = need - log[i + 1]
+      if need <= 0 then
+        retry = left(log[i] + period, now)
+        break
+      end
+    end
+  end
+  return s, 0, math.max(rate - n, 0), retry, reset
+end
+
+local function wrefund(s, W, now, cost)
+  local rate, period, alg = W[1], W[2], W.alg
+  if cost < 0 then
+    cost = 0
+  end
+  if alg == 3 then
+    local log, n = live(s, W, now)
+    while cost > 0 and #log > 0 do
+      local k = #log
+      local take = math.min(cost, log[k])
+      log[k] = log[k] - take
+      cost, n = cost - take, n - take
+      if log[k] == 0 then
+        log[k], log[k - 1] = nil, nil
+      end
+    end
+    local ns = {0, 0, rate, period, 3, 0, log}
+    return ns, 1, math.max(rate - n, 0), 0, left(expiry(ns), now)
+  end
+  local cur, prev = counts(s, W)
+  cur = math.max(cur - cost, 0)
+  local ns = {W.stop, cur, rate, period, alg, prev}
+  if alg == 1 then
+    local r = 0
+    if cur > 0 then
+      r = left(W.stop, now)
+    end
+    return ns, 1, math.max(rate - cur, 0), 0, r
+  end
+  return ns, 1, math.max(rate - used(W, cur, prev, now), 0), 0, left(expiry(ns), now)
+end
+
+-- wdelta is the change a charged call wrote to a window key, for undo: (hits, window end, 0,
+-- 0) or, under sliding_log, (hits added, now, hits removed, the instant of the newest entry
+-- removed from). The hits removed come back at that one instant: where a refund took hits from
+-- several entries, the undone log holds them a little longer than it did (never fewer).
+local function wdelta(before, after, W, now)
+  if W.alg == 3 then
+    local la, na = live(after, W, now)
+    local lb, nb = live(before, W, now)
+    local added = 0
+    for i = 1, #la, 2 do
+      if la[i] == now then
+        added = added + la[i + 1]
+      end
+    end
+    for i = 1, #lb, 2 do
+      if lb[i] == now then
+        added = added - lb[i + 1]
+      end
+    end
+    added = math.max(added, 0)
+    local removed = math.max(nb + added - na, 0)
+    local at = 0
+    if removed > 0 then
+      for i = #lb - 1, 1, -2 do
+        if lb[i] ~= now then
+          at = lb[i]
+          break
+        end
+      end
+    end
+    return added, now, removed, at
+  end
+  local ca = counts(after, W)
+  local cb = counts(before, W)
+  return ca - cb, W.stop, 0, 0
+end
+
+-- wundo gives back hits that "d" wrote under a window algorithm (see wdelta).
+local function wundo(s, alg, rate, period, hits, at, removed, removed_at)
+  if not s and (hits < 0 or removed > 0) then
+    -- A refund emptied the key, which was then deleted: give its hits back to a new state.
+    s = {at, 0, rate, period, alg, 0, {}}
+  end
+  if not (s and s[5] == alg and s[4] == period) then
+    return s
+  end
+  if alg == 3 then
+    local log = s[7]
+    if hits > 0 then
+      local k = #log
+      while hits > 0 and k >= 2 and log[k - 1] == at do
+        local take = math.min(hits, log[k])
+        log[k], hits = log[k] - take, hits - take
+        if log[k] == 0 then
+          table.remove(log, k)
+          table.remove(log, k - 1)
+        end
+        k = k - 2
+      end
+    end
+    if removed > 0 then
+      local k = #log + 1
+      while k > 1 and log[k - 2] > removed_at do
+        k = k - 2
+      end
+      table.insert(log, k, removed)
+      table.insert(log, k, removed_at)
+    end
+    return s
+  end
+  if s[1] == at then
+    s[2] = math.min(math.max(s[2] - hits, 0), MAX_WINDOW_COUNT)
+  elseif alg == 2 and s[1] == at + period then
+    s[6] = math.max(s[6] - hits, 0)
+  end
+  return s
+end
+
 -- parse reads a stored value (nil: none).
 local function parse(v)
   if not v then
     return false
+  end
+  local n = #v
+  if n >= 32 and n % 8 == 0 then
+    local alg = unpack("<d", v)
+    if (alg == 1 or alg == 2) and n == 48 then
+      local _, e, c, pv, r, p = unpack("<dddddd", v)
+      return {e, c, r, p, alg, pv}
+    elseif alg == 3 then
+      local _, r, p, k = unpack("<dddd", v)
+      if n ~= 32 + 16 * k then
+        return false
+      end
+      local log, pos = {}, 33
+      local i = 0
+      while i < 2 * k do
+        local m = math.min(2 * k - i, 200)
+        local vals = {unpack("<" .. string.rep("d", m), v, pos)}
+        for j = 1, m do
+          log[i + j] = vals[j]
+        end
+        pos = vals[m + 1]
+        i = i + m
+      end
+      return {0, 0, r, p, 3, 0, log}
+    end
   end
   -- The last byte of the packed form is the high byte of a period >= 1 as a double: 0x3F or
   -- more, never a digit as the text form ends with.
@@ -297,7 +621,19 @@ local function load(key)
 end
 
 local function store(key, s, existed, now)
-  if fresh(s, now) then
+  local alg = s and s[5] or 0
+  local left -- until the state holds no usage, in us
+  if alg == 0 then
+    if not fresh(s, now) then
+      left = ceil_us(sub(s[1], s[2], now, 0, s[3]))
+    end
+  else
+    local e = expiry(s)
+    if e > now then
+      left = e - now
+    end
+  end
+  if not left then
     if existed then
       call("DEL", key)
     end
@@ -305,11 +641,25 @@ local function store(key, s, existed, now)
   end
   -- Expire at the reset, rounded up to whole milliseconds: the state is then no usage at all.
   -- A fixed now (tests) is not Redis's clock: keep such keys a minute longer than the test.
-  local ttl = floor((ceil_us(sub(s[1], s[2], now, 0, s[3])) + 999) / 1000)
+  local ttl = floor((left + 999) / 1000)
   if fixed_now then
     ttl = ttl + 60000
   end
-  call("PSETEX", key, ttl, pack("<dddd", s[1], s[2], s[3], s[4]))
+  local v
+  if alg == 0 then
+    v = pack("<dddd", s[1], s[2], s[3], s[4])
+  elseif alg == 3 then
+    local log = s[7]
+    local parts = {pack("<dddd", 3, s[3], s[4], #log / 2)}
+    for i = 1, #log, 200 do
+      local j = math.min(i + 199, #log)
+      parts[#parts + 1] = pack("<" .. string.rep("d", j - i + 1), unpack_list(log, i, j))
+    end
+    v = table.concat(parts)
+  else
+    v = pack("<dddddd", alg, s[1], s[2], s[6], s[3], s[4])
+  end
+  call("PSETEX", key, ttl, v)
 end
 
 local function clock(arg)
@@ -332,9 +682,17 @@ local function limit_of(rate, period, burst, overdraft)
   return last_limit
 end
 
--- flags splits a request's flags: refund, mode, overdraft.
+-- flags splits a request's flags: refund, mode, overdraft, algorithm.
 local function split(flags)
-  return flags % 2 == 1, floor(flags / 2) % 4, flags >= 8
+  return flags % 2 == 1, floor(flags / 2) % 4, floor(flags / 8) % 2 == 1, floor(flags / 16)
+end
+
+-- request_limit is the limit a request's values describe: GCRA's L, or a window's W.
+local function request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
+  if alg == 0 then
+    return limit_of(rate, period, burst, od)
+  end
+  return window(rate, period, burst, alg, od, wa, wb, wc, now)
 end
 
 local op = ARGV[1]
@@ -344,8 +702,17 @@ if op == "u" then
   local args, pos = ARGV[3], 1
   for i = 1, #KEYS do
     local rate, period, burst, dus, df, od
-    rate, period, burst, dus, df, od, pos = unpack("<dddddd", args, pos)
-    local L = limit_of(rate, period, burst, od == 1)
+    local removed, removed_at
+    rate, period, burst, dus, df, od, removed, removed_at, pos = unpack("<dddddddd", args, pos)
+    local alg = floor(od / 2)
+    if alg ~= 0 then
+      local s = load(KEYS[i])
+      local ns = wundo(s, alg, rate, period, dus, df, removed, removed_at)
+      if ns then
+        store(KEYS[i], ns, s ~= false, now)
+      end
+    else
+    local L = limit_of(rate, period, burst, od % 2 == 1)
     local s = load(KEYS[i])
     local tus, tf = current(s, L, now)
     tus, tf = sub(tus, tf, dus, df, rate)
@@ -357,6 +724,7 @@ if op == "u" then
       tus, tf = mus, mf
     end
     store(KEYS[i], {tus, tf, rate, L[2]}, s ~= false, now)
+    end
   end
   return ""
 end
@@ -400,6 +768,15 @@ end
 
 -- apply decides a request of cost under L on the state s, or refunds it.
 local function apply(s, L, cost, refunds)
+  if L.alg then
+    if refunds then
+      return wrefund(s, L, now, cost)
+    end
+    return wdecide(s, L, now, cost)
+  end
+  if s and s[5] then
+    s = false -- another algorithm's state: no usage under GCRA
+  end
   if refunds then
     return refund(s, L, now, cost)
   end
@@ -416,14 +793,13 @@ end
 -- batches are one descriptor under one limit.
 local function single(k0, args, quota_refuse)
   local key = KEYS[k0 + 1]
-  local rate, period, burst, cost, flags = unpack("<ddddd", args)
-  local refunds = flags % 2 == 1
-  local L = limit_of(rate, period, burst, flags >= 8)
+  local rate, period, burst, cost, flags, wa, wb, wc = unpack("<dddddddd", args)
+  local refunds, mode, od, alg = split(flags)
+  local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
   local s = state(key)
   local ns, ok, rem, retry, reset = apply(s, L, cost, refunds)
   local charge = quota_refuse >= 0
   if ok == 0 and refuses(L, cost, refunds) then
-    local mode = floor(flags / 2) % 4
     if mode == 0 or (mode == 2 and quota_refuse == 1) then
       charge = false
     end
@@ -433,7 +809,7 @@ local function single(k0, args, quota_refuse)
   elseif ok == 1 then
     -- Allowed in a refused batch: a check of the state the batch found.
     local _
-    _, _, rem, _, reset = decide(s, L, now, 0)
+    _, _, rem, _, reset = apply(s, L, 0, false)
   end
   emit(pack("<ddddd", charge and 1 or 0, ok, rem, retry, reset))
   return 1
@@ -441,7 +817,7 @@ end
 
 -- batch decides the batch of n keys from KEYS[k0 + 1] on, appending its reply to out.
 local function batch(k0, args, quota_refuse, multi)
-  local n = #args / 40
+  local n = #args / 64
   if n == 1 and not multi then
     return single(k0, args, quota_refuse)
   end
@@ -450,10 +826,10 @@ local function batch(k0, args, quota_refuse, multi)
   local pos = 1
   for i = 1, n do
     local key = KEYS[k0 + i]
-    local rate, period, burst, cost, flags
-    rate, period, burst, cost, flags, pos = unpack("<ddddd", args, pos)
-    local refunds, mode, od = split(flags)
-    local L = limit_of(rate, period, burst, od)
+    local rate, period, burst, cost, flags, wa, wb, wc
+    rate, period, burst, cost, flags, wa, wb, wc, pos = unpack("<dddddddd", args, pos)
+    local refunds, mode, od, alg = split(flags)
+    local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
     lim[i] = L
     local s = cur[key]
     if s == nil then
@@ -481,7 +857,7 @@ local function batch(k0, args, quota_refuse, multi)
     -- Allowed requests of a refused batch report a check of the state the batch found.
     for i = 1, n do
       if res[4 * i - 3] == 1 then
-        local _, _, rem, _, reset = decide(states[KEYS[k0 + i]], lim[i], now, 0)
+        local _, _, rem, _, reset = apply(states[KEYS[k0 + i]], lim[i], 0, false)
         res[4 * i - 2], res[4 * i] = rem, reset
       end
     end
@@ -496,17 +872,21 @@ local function batch(k0, args, quota_refuse, multi)
       local rem, reset = 0, 0
       if res[4 * i - 3] == 1 and charge then
         local _
-        _, _, rem, _, reset = decide(states[KEYS[k0 + i]], lim[i], now, 0)
+        _, _, rem, _, reset = apply(states[KEYS[k0 + i]], lim[i], 0, false)
       end
       local key = KEYS[k0 + i]
-      local dus, df = 0, 0
+      local dus, df, d3, d4 = 0, 0, 0, 0
       if charge and last[key] == i then
         local L = lim[i]
-        local aus, af = current(cur[key], L, now)
-        local bus, bf = current(states[key], L, now)
-        dus, df = sub(aus, af, bus, bf, L[1])
+        if L.alg then
+          dus, df, d3, d4 = wdelta(states[key], cur[key], L, now)
+        else
+          local aus, af = current(cur[key], L, now)
+          local bus, bf = current(states[key], L, now)
+          dus, df = sub(aus, af, bus, bf, L[1])
+        end
       end
-      emit(pack("<dddd", rem, reset, dus, df))
+      emit(pack("<dddddd", rem, reset, dus, df, d3, d4))
     end
   end
   if charge then

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -467,6 +468,22 @@ func (b *builder) rule(d *rawDescriptor, path string, share []string, info *Doma
 	return r
 }
 
+// locations holds the time zones loaded so far, by name: a zone loads once per process, and
+// limits under one zone share its *time.Location (so equal limits compare equal across reloads).
+var locations sync.Map // string → *time.Location
+
+func loadLocation(name string) (*time.Location, error) {
+	if l, ok := locations.Load(name); ok {
+		return l.(*time.Location), nil
+	}
+	l, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, err
+	}
+	actual, _ := locations.LoadOrStore(name, l)
+	return actual.(*time.Location), nil
+}
+
 // windowOf aligns a fixed_window limit of mult units: to the epoch in UTC for units up to a
 // day, weeks from Monday, calendar months and years, and days and weeks in loc when it is not UTC.
 func windowOf(unit Unit, mult uint32, loc *time.Location) backend.Window {
@@ -556,7 +573,7 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 			return Limit{}, false
 		}
 		var lerr error
-		if loc, lerr = time.LoadLocation(rl.Timezone); lerr != nil || rl.Timezone == "Local" {
+		if loc, lerr = loadLocation(rl.Timezone); lerr != nil || rl.Timezone == "Local" {
 			b.errorf(lineOf(ln, "timezone"), "%s: timezone %q: not a known IANA time zone name", where, rl.Timezone)
 			return Limit{}, false
 		}
@@ -565,7 +582,7 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 	lim.GCRA.Overdraft = rl.Overdraft
 	lim.GCRA.Algorithm = alg
 	if alg == backend.FixedWindow {
-		lim.GCRA.Window = windowOf(unit, mult, loc)
+		lim.GCRA.Window = windowOf(unit, lim.UnitMultiplier, loc)
 	}
 	lim.Timezone = rl.Timezone
 	if err := lim.GCRA.Validate(); err != nil {

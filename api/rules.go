@@ -102,7 +102,7 @@ type RateLimit struct {
 	// counts, with calendar months and years), "sliding_window" (the current and the previous
 	// window's counts, the previous weighted by its overlap with the last period) or
 	// "sliding_log" (the instant of every admitted request: exact, requests_per_unit at most
-	// 10,000). Burst applies to gcra only; overdraft to gcra and fixed_window.
+	// 1,000). Burst applies to gcra only; overdraft to gcra and fixed_window.
 	Algorithm string `yaml:"algorithm"`
 	// Timezone is an rls extension for fixed_window with unit day, week, month or year: the IANA
 	// name ("Europe/Paris") of the zone whose midnights start the windows. Defaults to UTC.

@@ -80,8 +80,8 @@ func TestAlgorithmErrors(t *testing.T) {
 	for _, tc := range []struct{ name, file, want string }{
 		{"unknown timezone", "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: month\n      requests_per_unit: 10\n      algorithm: fixed_window\n      timezone: Mars/Olympus\n",
 			`a.yaml:8: domain "a": descriptor k: timezone "Mars/Olympus": not a known IANA time zone name`},
-		{"sliding_log above its bound", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 10001, algorithm: sliding_log}\n",
-			`a.yaml:4: domain "a": descriptor k: invalid limit: sliding_log keeps one entry per admitted request: rate 10001 above 10000`},
+		{"sliding_log above its bound", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1001, algorithm: sliding_log}\n",
+			`a.yaml:4: domain "a": descriptor k: invalid limit: sliding_log keeps one entry per admitted request: rate 1001 above 1000`},
 		{"sliding_window too large", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, unit_multiplier: 10, requests_per_unit: 4000000000, algorithm: sliding_window}\n",
 			`a.yaml:4: domain "a": descriptor k: invalid limit: sliding_window rate 4000000000 × period`},
 		{"in rate_limits", "domain: a\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: day, requests_per_unit: 1, algorithm: sliding_log, overdraft: true}\n",

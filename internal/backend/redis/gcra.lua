@@ -48,8 +48,9 @@
 --
 -- The window algorithms (backend/window.go) store their state as doubles too: fixed_window
 -- and sliding_window (algorithm, window end, count, previous count, rate, period: 48 bytes),
--- sliding_log (3, rate, period, entries, then per entry its instant and hits). The first
--- double tells the forms apart: a GCRA TAT is never 1, 2 or 3.
+-- sliding_log (3, rate, period, entries, hits before the first entry, then per entry its instant
+-- and the hits admitted up to it, cumulative: 40 + 16 bytes per entry). The first double tells
+-- the forms apart: a GCRA TAT is never 1, 2 or 3.
 --
 -- Overdraft (see backend.Decide): a denied charge of cost > 0 under an overdraft limit is
 -- written anyway, its TAT saturating at now + MAX_TOLERANCE, and never refuses its batch. With
@@ -305,9 +306,9 @@ local function expiry(s)
       return s[1]
     end
   elseif alg == 3 then
-    local log = s[7]
-    if #log >= 2 then
-      return log[#log - 1] + s[4]
+    local L = s[7]
+    if L.k >= 1 then
+      return unpack("<d", L.e, 16 * L.k - 15) + s[4]
     end
   end
   return 0
@@ -364,22 +365,72 @@ local function counts(s, W)
   return cur, prev
 end
 
--- live returns a copy of a log state's entries still within the period at now, and their hits.
+-- A sliding_log log is {e = entries, k = their number, base = hits before the first}: e packs
+-- per entry its instant and the hits admitted up to it since the key's first (cumulative), so
+-- that a decision finds its first live entry by binary search and counts the live hits with one
+-- subtraction, and appends without unpacking the rest.
+
+local function empty_log()
+  return {e = "", k = 0, base = 0}
+end
+
+-- entry returns the instant and the cumulative hits of entry i of log L (entry 0: (0, base)).
+local function entry(L, i)
+  if i == 0 then
+    return 0, L.base
+  end
+  local t, c = unpack("<dd", L.e, 16 * i - 15)
+  return t, c
+end
+
+-- pop returns L less take of the hits of its last entry (all of them: the entry goes).
+local function pop(L, take)
+  local t, c = entry(L, L.k)
+  local _, p = entry(L, L.k - 1)
+  local prefix = string.sub(L.e, 1, 16 * (L.k - 1))
+  if take >= c - p then
+    return {e = prefix, k = L.k - 1, base = L.base}
+  end
+  return {e = prefix .. pack("<dd", t, c - take), k = L.k, base = L.base}
+end
+
+-- at_now returns the hits of L's trailing entries at instant now, and the index of the newest
+-- entry before them.
+local function at_now(L, now)
+  local h, i = 0, L.k
+  while i >= 1 do
+    local t, c = entry(L, i)
+    if t ~= now then
+      break
+    end
+    local _, p = entry(L, i - 1)
+    h, i = h + c - p, i - 1
+  end
+  return h, i
+end
+
+-- live returns a log state's entries still within the period at now, and their hits.
 local function live(s, W, now)
-  local log, n = {}, 0
-  if s and s[5] == 3 and s[4] == W[2] then
-    local old, k = s[7], 1
-    while k <= #old and old[k] <= now - W[2] do
-      k = k + 2
-    end
-    for i = k, #old do
-      log[#log + 1] = old[i]
-    end
-    for i = 2, #log, 2 do
-      n = n + log[i]
+  if not (s and s[5] == 3 and s[4] == W[2]) then
+    return empty_log(), 0
+  end
+  local L = s[7]
+  -- The first entry after now - period: entries are in order of their instants.
+  local lo, hi, cut = 1, L.k + 1, now - W[2]
+  while lo < hi do
+    local mid = floor((lo + hi) / 2)
+    if entry(L, mid) <= cut then
+      lo = mid + 1
+    else
+      hi = mid
     end
   end
-  return log, n
+  local _, b = entry(L, lo - 1)
+  local _, c = entry(L, L.k)
+  if lo > 1 then
+    L = {e = string.sub(L.e, 16 * (lo - 1) + 1), k = L.k - lo + 1, base = b}
+  end
+  return L, c - b
 end
 
 -- used is sliding_window's estimate rounded up, in whole milliseconds.
@@ -436,28 +487,33 @@ local function wdecide(s, W, now, cost)
     return s, 0, math.max(rate - u, 0), retry, reset
   end
   -- sliding_log
-  local log, n = live(s, W, now)
+  local L, n = live(s, W, now)
   if n + cost <= rate then
     if cost > 0 then
-      log[#log + 1] = now
-      log[#log + 1] = cost
+      local _, c = entry(L, L.k)
+      L = {e = L.e .. pack("<dd", now, c + cost), k = L.k + 1, base = L.base}
     end
-    local ns = {0, 0, rate, period, 3, 0, log}
+    local ns = {0, 0, rate, period, 3, 0, L}
     return ns, 1, rate - n - cost, 0, left(expiry(ns), now)
   end
-  local reset = left(expiry({0, 0, rate, period, 3, 0, log}), now)
-  local retry = 0
+  local reset = left(expiry({0, 0, rate, period, 3, 0, L}), now)
+  local retry
   if cost > rate then
     retry = reset + period
   else
-    local need = n + cost - rate
-    for i = 1, #log, 2 do
-      need = need - log[i + 1]
-      if need <= 0 then
-        retry = left(log[i] + period, now)
-        break
+    -- Admitted once the oldest entries holding need hits have left the period.
+    local need = L.base + n + cost - rate
+    local lo, hi = 1, L.k
+    while lo < hi do
+      local mid = floor((lo + hi) / 2)
+      local _, c = entry(L, mid)
+      if c < need then
+        lo = mid + 1
+      else
+        hi = mid
       end
     end
+    retry = left(entry(L, lo) + period, now)
   end
   return s, 0, math.max(rate - n, 0), retry, reset
 end
@@ -468,17 +524,16 @@ local function wrefund(s, W, now, cost)
     cost = 0
   end
   if alg == 3 then
-    local log, n = live(s, W, now)
-    while cost > 0 and #log > 0 do
-      local k = #log
-      local take = math.min(cost, log[k])
-      log[k] = log[k] - take
+    -- Gives back the most recent hits first.
+    local L, n = live(s, W, now)
+    while cost > 0 and L.k > 0 do
+      local _, c = entry(L, L.k)
+      local _, p = entry(L, L.k - 1)
+      local take = math.min(cost, c - p)
+      L = pop(L, take)
       cost, n = cost - take, n - take
-      if log[k] == 0 then
-        log[k], log[k - 1] = nil, nil
-      end
     end
-    local ns = {0, 0, rate, period, 3, 0, log}
+    local ns = {0, 0, rate, period, 3, 0, L}
     return ns, 1, math.max(rate - n, 0), 0, left(expiry(ns), now)
   end
   local cur, prev = counts(s, W)
@@ -502,27 +557,13 @@ local function wdelta(before, after, W, now)
   if W.alg == 3 then
     local la, na = live(after, W, now)
     local lb, nb = live(before, W, now)
-    local added = 0
-    for i = 1, #la, 2 do
-      if la[i] == now then
-        added = added + la[i + 1]
-      end
-    end
-    for i = 1, #lb, 2 do
-      if lb[i] == now then
-        added = added - lb[i + 1]
-      end
-    end
-    added = math.max(added, 0)
+    local ha = at_now(la, now)
+    local hb, i = at_now(lb, now)
+    local added = math.max(ha - hb, 0)
     local removed = math.max(nb + added - na, 0)
     local at = 0
-    if removed > 0 then
-      for i = #lb - 1, 1, -2 do
-        if lb[i] ~= now then
-          at = lb[i]
-          break
-        end
-      end
+    if removed > 0 and i >= 1 then
+      at = entry(lb, i)
     end
     return added, now, removed, at
   end
@@ -535,33 +576,37 @@ end
 local function wundo(s, alg, rate, period, hits, at, removed, removed_at)
   if not s and (hits < 0 or removed > 0) then
     -- A refund emptied the key, which was then deleted: give its hits back to a new state.
-    s = {at, 0, rate, period, alg, 0, {}}
+    s = {at, 0, rate, period, alg, 0, empty_log()}
   end
   if not (s and s[5] == alg and s[4] == period) then
     return s
   end
   if alg == 3 then
-    local log = s[7]
-    if hits > 0 then
-      local k = #log
-      while hits > 0 and k >= 2 and log[k - 1] == at do
-        local take = math.min(hits, log[k])
-        log[k], hits = log[k] - take, hits - take
-        if log[k] == 0 then
-          table.remove(log, k)
-          table.remove(log, k - 1)
-        end
-        k = k - 2
+    local L = s[7]
+    while hits > 0 and L.k > 0 do
+      local t, c = entry(L, L.k)
+      if t ~= at then
+        break
       end
+      local _, p = entry(L, L.k - 1)
+      local take = math.min(hits, c - p)
+      L, hits = pop(L, take), hits - take
     end
     if removed > 0 then
-      local k = #log + 1
-      while k > 1 and log[k - 2] > removed_at do
-        k = k - 2
+      -- Back after the entries up to removed_at; the later ones count them too.
+      local i = L.k
+      while i >= 1 and entry(L, i) > removed_at do
+        i = i - 1
       end
-      table.insert(log, k, removed)
-      table.insert(log, k, removed_at)
+      local _, c = entry(L, i)
+      local parts = {string.sub(L.e, 1, 16 * i), pack("<dd", removed_at, c + removed)}
+      for m = i + 1, L.k do
+        local t, cm = entry(L, m)
+        parts[#parts + 1] = pack("<dd", t, cm + removed)
+      end
+      L = {e = table.concat(parts), k = L.k + 1, base = L.base}
     end
+    s[7] = L
     return s
   end
   if s[1] == at then
@@ -584,22 +629,11 @@ local function parse(v)
       local _, e, c, pv, r, p = unpack("<dddddd", v)
       return {e, c, r, p, alg, pv}
     elseif alg == 3 then
-      local _, r, p, k = unpack("<dddd", v)
-      if n ~= 32 + 16 * k then
+      local _, r, p, k, base = unpack("<ddddd", v)
+      if n ~= 40 + 16 * k then
         return false
       end
-      local log, pos = {}, 33
-      local i = 0
-      while i < 2 * k do
-        local m = math.min(2 * k - i, 200)
-        local vals = {unpack("<" .. string.rep("d", m), v, pos)}
-        for j = 1, m do
-          log[i + j] = vals[j]
-        end
-        pos = vals[m + 1]
-        i = i + m
-      end
-      return {0, 0, r, p, 3, 0, log}
+      return {0, 0, r, p, 3, 0, {e = string.sub(v, 41), k = k, base = base}}
     end
   end
   -- The last byte of the packed form is the high byte of a period >= 1 as a double: 0x3F or
@@ -649,13 +683,8 @@ local function store(key, s, existed, now)
   if alg == 0 then
     v = pack("<dddd", s[1], s[2], s[3], s[4])
   elseif alg == 3 then
-    local log = s[7]
-    local parts = {pack("<dddd", 3, s[3], s[4], #log / 2)}
-    for i = 1, #log, 200 do
-      local j = math.min(i + 199, #log)
-      parts[#parts + 1] = pack("<" .. string.rep("d", j - i + 1), unpack_list(log, i, j))
-    end
-    v = table.concat(parts)
+    local L = s[7]
+    v = pack("<ddddd", 3, s[3], s[4], L.k, L.base) .. L.e
   else
     v = pack("<dddddd", alg, s[1], s[2], s[6], s[3], s[4])
   end

@@ -205,15 +205,22 @@ func decodeMerged(reply string, calls []*call) error {
 }
 
 // encodeState is the stored form of s: GCRA's four doubles (tat, frac, rate, period); a
-// window's six (algorithm, end, count, previous count, rate, period); a log's four (3, rate,
-// period, entries) and its entries (instant, hits). The algorithm first tells the forms apart:
-// a GCRA TAT is never 1, 2 or 3.
+// window's six (algorithm, end, count, previous count, rate, period); a log's five (3, rate,
+// period, entries, hits before the first entry) and its entries (instant, hits admitted up to
+// it since the key's first: cumulative, so that the script finds the live entries by binary
+// search). The algorithm first tells the forms apart: a GCRA TAT is never 1, 2 or 3.
 func encodeState(s backend.State) string {
 	switch s.Alg {
 	case backend.FixedWindow, backend.SlidingWindow:
 		return string(appendDoubles(nil, int64(s.Alg), s.TAT, s.Frac, s.Prev, s.Rate, s.Period))
 	case backend.SlidingLog:
-		return string(appendDoubles(appendDoubles(nil, 3, s.Rate, s.Period, int64(len(s.Log)/2)), s.Log...))
+		b := appendDoubles(nil, 3, s.Rate, s.Period, int64(len(s.Log)/2), 0)
+		cum := int64(0)
+		for i := 0; i+1 < len(s.Log); i += 2 {
+			cum += s.Log[i+1]
+			b = appendDoubles(b, s.Log[i], cum)
+		}
+		return string(b)
 	}
 	return string(appendDoubles(make([]byte, 0, stateBytes), s.TAT, s.Frac, s.Rate, s.Period))
 }
@@ -225,15 +232,16 @@ func decodeState(v string) (s backend.State, ok bool) {
 		switch alg := r.next(); {
 		case (alg == 1 || alg == 2) && len(v) == 48:
 			return backend.State{Alg: backend.Algorithm(alg), TAT: r.next(), Frac: r.next(), Prev: r.next(), Rate: r.next(), Period: r.next()}, true
-		case alg == 3:
+		case alg == 3 && len(v) >= 40:
 			s = backend.State{Alg: backend.SlidingLog, Rate: r.next(), Period: r.next()}
-			n := r.next()
-			if int64(len(v)) != 32+16*n {
+			n, cum := r.next(), r.next()
+			if n < 0 || int64(len(v)) != 40+16*n {
 				return backend.State{}, false
 			}
 			s.Log = make([]int64, 2*n)
-			for i := range s.Log {
-				s.Log[i] = r.next()
+			for i := 0; i < len(s.Log); i += 2 {
+				t, c := r.next(), r.next()
+				s.Log[i], s.Log[i+1], cum = t, c-cum, c
 			}
 			return s, true
 		}

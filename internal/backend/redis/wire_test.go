@@ -175,7 +175,7 @@ func TestWireFormat(t *testing.T) {
 			{backend.State{Alg: backend.FixedWindow, TAT: 1_796_000_040_000_000, Frac: 3, Rate: 4, Period: 60e6}, doublesOf(1, 1_796_000_040_000_000, 3, 0, 4, 60e6)},
 			{backend.State{Alg: backend.SlidingWindow, TAT: 1_796_000_040_000_000, Frac: 3, Prev: 2, Rate: 4, Period: 60e6}, doublesOf(2, 1_796_000_040_000_000, 3, 2, 4, 60e6)},
 			{backend.State{Alg: backend.SlidingLog, Rate: 4, Period: 60e6, Log: []int64{1_796_000_000_000_001, 2, 1_796_000_000_000_009, 1}},
-				doublesOf(3, 4, 60e6, 2, 1_796_000_000_000_001, 2, 1_796_000_000_000_009, 1)},
+				doublesOf(3, 4, 60e6, 2, 0, 1_796_000_000_000_001, 2, 1_796_000_000_000_009, 3)},
 		} {
 			v := encodeState(tc.s)
 			if v != tc.want {

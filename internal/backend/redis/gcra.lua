@@ -1,4 +1,5 @@
--- GCRA for rls: backend.DecideBatch (internal/backend) in one atomic call.
+-- GCRA and the window algorithms for rls: backend.DecideBatch (internal/backend) in one atomic
+-- call.
 --
 -- Time is integer microseconds from Redis TIME, so every replica of rls agrees on it. A TAT is
 -- exact: us + frac/rate microseconds with 0 <= frac < rate. A key stores its state as four

@@ -67,9 +67,7 @@ func (j *job) plan(b *Backend, reqs []backend.Request, out []backend.Decision) e
 			j.newCall(0)
 		}
 		if r.Limit.Window.Calendar != backend.NoCalendar && calNow == 0 {
-			if calNow = b.nowArg(); calNow == 0 {
-				calNow = b.now().UnixMicro()
-			}
+			calNow = b.now().UnixMicro()
 		}
 		j.calls[k].add(key, r, calNow)
 		j.idx[k] = append(j.idx[k], i)

@@ -28,7 +28,8 @@
 --       (clamped to [0, burst+1], or under overdraft to [0, Limit.MaxCharge]), flags (1 refund,
 --       + 2*mode with mode 0 enforce, 1 shadow, 2 quota, + 8 overdraft), as little-endian
 --       doubles, then the window: offset, 0, 0 for Period-long windows, or for calendar windows
---       the start and end of the window holding rls's instant and the end of the next one.
+--       the start and end of the window holding rls's instant and the end of the next one: the
+--       script decides in the window before, that one or the next, whichever holds its now.
 --       flags add 16*algorithm (0 gcra, 1 fixed_window, 2 sliding_window, 3 sliding_log).
 --       Rate is > 0: rls decides rate 0 itself.
 --       Replies with one string of doubles: charged (1/0), then per key allowed, remaining,
@@ -328,7 +329,10 @@ local function window(rate, period, burst, alg, overdraft, wa, wb, wc, now)
   W[10] = overdraft
   W.alg = alg
   if wb > 0 then
-    if now < wb then
+    -- Calendar windows are fixed_window's only: its decisions need the window's end alone.
+    if now < wa then
+      W.start, W.stop = wa - period, wa -- Redis's clock behind rls's, across a boundary
+    elseif now < wb then
       W.start, W.stop = wa, wb
     elseif now < wc then
       W.start, W.stop = wb, wc

@@ -323,7 +323,11 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 					case 2, 3:
 						reqs[i].Cost = limits[k].Burst + 1 + rng.Int64N(1<<20)
 					case 4:
-						// Saturates an overdraft key's debt at MaxTolerance.
+						// Saturates an overdraft key's debt at MaxTolerance (a GCRA one, keys 1
+						// and 9, or fixed_window's count).
+						if !limits[k].Overdraft {
+							reqs[i].Key, reqs[i].Limit = keys[1], limits[1]
+						}
 						reqs[i].Cost = 1 << 40
 					case 5:
 						// The rule changed: a debt is re-expressed (and forgiven) under it.

@@ -70,7 +70,8 @@ type Descriptor struct {
 // RateLimit is one limit: RequestsPerUnit requests per UnitMultiplier units of time, with a burst.
 type RateLimit struct {
 	// Unit is one of second, minute, hour, day, week, month (30 days) or year (365 days), in any
-	// case. Required unless Unlimited.
+	// case. Required unless Unlimited. Under algorithm fixed_window, windows align to the clock:
+	// a week starts on Monday, and a month or a year is a calendar month or year.
 	Unit string `yaml:"unit"`
 	// RequestsPerUnit is the sustained rate, a whole number (0.5 is an error, not 0). 0 denies
 	// every request.
@@ -96,6 +97,16 @@ type RateLimit struct {
 	// makes a request's other limits charge: a request that an ordinary limit denies is charged
 	// nowhere.
 	Overdraft bool `yaml:"overdraft"`
+	// Algorithm is an rls extension: how requests are counted. "gcra" (the default: a rate with
+	// a burst), "fixed_window" (a count per window aligned to the clock, as envoyproxy/ratelimit
+	// counts, with calendar months and years), "sliding_window" (the current and the previous
+	// window's counts, the previous weighted by its overlap with the last period) or
+	// "sliding_log" (the instant of every admitted request: exact, requests_per_unit at most
+	// 1,000). Burst applies to gcra only; overdraft to gcra and fixed_window.
+	Algorithm string `yaml:"algorithm"`
+	// Timezone is an rls extension for fixed_window with unit day, week, month or year: the IANA
+	// name ("Europe/Paris") of the zone whose midnights start the windows. Defaults to UTC.
+	Timezone string `yaml:"timezone"`
 }
 
 // Replace names a limit that a RateLimit replaces.

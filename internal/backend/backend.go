@@ -33,7 +33,7 @@ func (r *Request) OverdraftCharge() bool {
 	return r.Limit.Overdraft && r.Cost > 0 && !r.Refund && r.Limit.Rate > 0
 }
 
-// Backend decides batches of requests against stored GCRA state.
+// Backend decides batches of requests against stored state, under each request's algorithm.
 type Backend interface {
 	// Decide decides reqs as one unit, all or nothing: it writes one Decision per request into
 	// out (len(out) ≥ len(reqs)), applies the charges only when Charged(reqs, out) holds, and

@@ -109,7 +109,7 @@ func TestDecideBatchSteps(t *testing.T) {
 			if out[i] != s.want[i] {
 				t.Errorf("%s: request %d (%s cost %d): got %+v, want %+v", s.name, i, s.reqs[i].Key, s.reqs[i].Cost, out[i], s.want[i])
 			}
-			if !admitted && next[i] != states[i] {
+			if !admitted && !next[i].Equal(states[i]) {
 				t.Errorf("%s: refused, but next[%d] = %+v, want the stored state %+v", s.name, i, next[i], states[i])
 			}
 		}
@@ -215,7 +215,7 @@ func TestDecideBatchProperties(t *testing.T) {
 			if r.Refund && !out[i].Allowed {
 				t.Fatalf("%s: refund %d denied", name, i)
 			}
-			if !admitted && next[i] != states[i] {
+			if !admitted && !next[i].Equal(states[i]) {
 				t.Fatalf("%s: refused, next[%d] %+v is not the stored %+v", name, i, next[i], states[i])
 			}
 		}
@@ -223,7 +223,7 @@ func TestDecideBatchProperties(t *testing.T) {
 			t.Fatalf("%s: stored %v, want %v", name, got, want)
 		}
 		for k, s := range want {
-			if got[k] != s {
+			if !got[k].Equal(s) {
 				t.Fatalf("%s: key %s stored %+v, want %+v", name, k, got[k], s)
 			}
 		}

@@ -22,6 +22,11 @@ type Limit struct {
 	// refund is denied until the sustained rate has repaid it. For costs known only after the
 	// fact (tokens of a response). See Decide.
 	Overdraft bool
+	// Algorithm decides how requests are counted (default GCRA). Under the window algorithms
+	// Burst must equal Rate: Rate requests per window.
+	Algorithm Algorithm
+	// Window aligns FixedWindow's windows (zero: Period-long windows from the Unix epoch, UTC).
+	Window Window
 }
 
 // ErrInvalidLimit is returned for a limit that cannot be decided exactly.
@@ -29,6 +34,12 @@ var ErrInvalidLimit = errors.New("invalid limit")
 
 // Validate reports whether l can be decided.
 func (l Limit) Validate() error {
+	if l.Algorithm != GCRA {
+		return l.validateWindow()
+	}
+	if l.Window != (Window{}) {
+		return fmt.Errorf("%w: a window alignment applies to fixed_window only", ErrInvalidLimit)
+	}
 	switch {
 	case l.Rate < 0:
 		return fmt.Errorf("%w: rate %d < 0", ErrInvalidLimit, l.Rate)
@@ -74,6 +85,9 @@ func (l Limit) MaxCharge() int64 {
 // ClampCost is the cost Decide counts of cost under l: none below 0; for an overdraft charge
 // at most MaxCharge, otherwise at most Burst+1 (any cost above the burst is denied alike).
 func (l Limit) ClampCost(cost int64) int64 {
+	if l.Overdraft && l.Algorithm == FixedWindow {
+		return min(max(cost, 0), maxWindowCharge)
+	}
 	if l.Overdraft {
 		return min(max(cost, 0), l.MaxCharge())
 	}
@@ -91,15 +105,32 @@ type Decision struct {
 // State is the stored GCRA state of one key: the theoretical arrival time TAT, exactly
 // TAT + Frac/Rate microseconds since the Unix epoch, and the Rate and Period it was computed
 // under (so a changed limit can be applied at once). The zero value is a key never seen.
+//
+// The window algorithms use the same fields otherwise (see Alg): FixedWindow keeps the end of
+// its window in TAT and its count in Frac; SlidingWindow the end of its current window in TAT,
+// that window's count in Frac and the previous window's in Prev; SlidingLog its admitted hits
+// in Log, TAT unused.
 type State struct {
 	TAT    int64 // microseconds
 	Frac   int64 // in [0, Rate): the fraction of a microsecond, in units of 1/Rate µs
 	Rate   int64
 	Period int64 // microseconds
+	// Alg is the algorithm that wrote the state; a state of another algorithm than the
+	// limit's is no usage (a rule that changes algorithm starts afresh).
+	Alg  Algorithm
+	Prev int64 // SlidingWindow: hits of the window before TAT's
+	// Log is SlidingLog's record: (instant µs, hits) pairs, oldest first, one pair per instant
+	// that admitted hits. Never modified once stored: a decision that changes it makes a copy.
+	Log []int64
 }
 
 // Fresh reports whether s holds no usage at time now: the key may be forgotten.
-func (s State) Fresh(now int64) bool { return s.TAT < now || (s.TAT == now && s.Frac == 0) }
+func (s State) Fresh(now int64) bool {
+	if s.Alg != GCRA {
+		return s.Expiry() <= now
+	}
+	return s.TAT < now || (s.TAT == now && s.Frac == 0)
+}
 
 // tick is an exact instant or span: us + frac/rate microseconds, 0 ≤ frac < rate.
 type tick struct{ us, frac int64 }
@@ -233,6 +264,17 @@ func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{RetryAfter: l.Period}
 	}
+	switch l.Algorithm {
+	case FixedWindow:
+		return decideFixed(s, l, now, cost)
+	case SlidingWindow:
+		return decideSliding(s, l, now, cost)
+	case SlidingLog:
+		return decideLog(s, l, now, cost)
+	}
+	if s.Alg != GCRA {
+		s = State{}
+	}
 	tat := current(s, l, now)
 	nowT := tick{us: now}
 	full := interval(l.Burst, l)
@@ -282,6 +324,17 @@ func overdraw(s State, tat tick, l Limit, now int64, cost int64) State {
 func Refund(s State, l Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{Allowed: true}
+	}
+	switch l.Algorithm {
+	case FixedWindow:
+		return refundFixed(s, l, now, cost)
+	case SlidingWindow:
+		return refundSliding(s, l, now, cost)
+	case SlidingLog:
+		return refundLog(s, l, now, cost)
+	}
+	if s.Alg != GCRA {
+		s = State{}
 	}
 	tat := current(s, l, now)
 	nowT := tick{us: now}

@@ -49,7 +49,7 @@ func TestDeniedLeavesStateUnchanged(t *testing.T) {
 	s, _ := Decide(State{}, l, now, 2)
 	for _, cost := range []int64{1, 2, 3, 100} {
 		got, d := Decide(s, l, now, cost)
-		if d.Allowed || got != s {
+		if d.Allowed || !got.Equal(s) {
 			t.Fatalf("cost %d: got %+v state %+v, want denied with state %+v", cost, d, got, s)
 		}
 	}
@@ -81,7 +81,7 @@ func TestCostAboveBurst(t *testing.T) {
 	}
 	for _, tc := range tests {
 		got, d := Decide(tc.s, tc.l, tc.at, tc.cost)
-		if d != tc.want || got != tc.s {
+		if d != tc.want || !got.Equal(tc.s) {
 			t.Errorf("%s: got %+v state %+v, want %+v state unchanged %+v", tc.name, d, got, tc.want, tc.s)
 		}
 	}
@@ -364,7 +364,7 @@ func TestOverdraftBounds(t *testing.T) {
 	if d.Allowed || s.TAT != t0+int64(MaxTolerance/time.Microsecond) || s.Frac != 0 {
 		t.Fatalf("huge charge: %+v state %+v, want denied and the TAT at now + MaxTolerance", d, s)
 	}
-	if s2, _ := Decide(s, l, t0, 5); s2 != s {
+	if s2, _ := Decide(s, l, t0, 5); !s2.Equal(s) {
 		t.Fatalf("charge on a saturated debt: state %+v, want %+v", s2, s)
 	}
 	r, rd := Refund(s, l, t0, 100)

@@ -5,13 +5,14 @@ import (
 	"strings"
 )
 
-// entryOverhead is what one key costs in memory beyond its own bytes: its lruEntry (48 bytes),
+// entryOverhead is what one key costs in memory beyond its own bytes: its lruEntry (56 bytes),
 // its slot in the index map (a uint64 key and an int32 value, 16 bytes, in groups of 8 kept at
 // most 7/8 full), the growth slack of both, and the rounding of the key's copy up to its
 // allocation size class. Measured with TestMemoryFootprint (live heap after a GC, less the key
 // bytes, per key): 70, 83 and 91 bytes at 100k, 300k and 1M keys of 22 bytes, 76 at 100k keys
-// of 4 KB. Rounded up so that the bound holds wherever the map and the slice are in their
-// growth steps.
+// of 4 KB (92 at 300k once the entry grew by its extState pointer). Rounded up so that the bound
+// holds wherever the map and the slice are in their growth steps. A window algorithm's state
+// counts its extState on top (extBytes).
 const entryOverhead = 112
 
 // lruEntry is one key and its state, packed: Rate is stored less one and, with Frac, in 32 bits,
@@ -21,22 +22,58 @@ type lruEntry struct {
 	tat        int64
 	period     int64
 	frac       uint32
-	rate1      uint32 // Rate - 1
-	prev, next int32  // the recency ring through entries[0]; next chains the free list
+	rate1      uint32    // Rate - 1
+	prev, next int32     // the recency ring through entries[0]; next chains the free list
+	ext        *extState // the state of a window algorithm, nil under GCRA
+}
+
+// extState is what a window algorithm's state holds beyond a GCRA state's fields.
+type extState struct {
+	alg         Algorithm
+	count, prev int64
+	log         []int64
+}
+
+// extBytes is what an extState costs beyond its entry: the struct and its log.
+func extBytes(x *extState) int64 {
+	if x == nil {
+		return 0
+	}
+	return 48 + 8*int64(cap(x.log))
 }
 
 func (e *lruEntry) state() State {
+	if x := e.ext; x != nil {
+		return State{TAT: e.tat, Frac: x.count, Prev: x.prev, Rate: int64(e.rate1) + 1, Period: e.period, Alg: x.alg, Log: x.log}
+	}
 	return State{TAT: e.tat, Frac: int64(e.frac), Rate: int64(e.rate1) + 1, Period: e.period}
 }
 
-func (e *lruEntry) set(s State) {
-	e.tat, e.period, e.frac, e.rate1 = s.TAT, s.Period, uint32(s.Frac), uint32(s.Rate-1)
+// set stores s; it returns the change in the bytes the entry's extState takes.
+func (e *lruEntry) set(s State) int64 {
+	e.tat, e.period, e.rate1 = s.TAT, s.Period, uint32(s.Rate-1)
+	before := extBytes(e.ext)
+	if s.Alg == GCRA {
+		e.frac, e.ext = uint32(s.Frac), nil
+		return -before
+	}
+	if e.ext == nil {
+		e.ext = new(extState)
+	}
+	*e.ext = extState{alg: s.Alg, count: s.Frac, prev: s.Prev, log: s.Log}
+	return extBytes(e.ext) - before
 }
 
 // packable reports whether set keeps s exactly.
 func packable(s State) bool {
+	if s.Alg != GCRA {
+		return s.Rate >= 1 && s.Rate <= 1<<32
+	}
 	return s.Rate >= 1 && s.Rate <= 1<<32 && s.Frac >= 0 && s.Frac < s.Rate
 }
+
+// set stores s in entry i, counting what its extState takes.
+func (t *lruTable) set(i int32, s State) { t.bytes += t.entries[i].set(s) }
 
 // lruTable is one shard's keys, least recently used first out, bounded in bytes and in count.
 // It is not safe for concurrent use. Entries live in one slice linked by index (no allocation
@@ -83,7 +120,8 @@ func (t *lruTable) add(hash uint64, key string, s State, now int64) (evicted int
 		if !t.entries[i].state().Fresh(now) {
 			evicted++
 		}
-		t.bytes += int64(len(key) - len(t.entries[i].key))
+		t.bytes += int64(len(key)-len(t.entries[i].key)) - extBytes(t.entries[i].ext)
+		t.entries[i].ext = nil
 		t.unlink(i)
 	case t.free != 0:
 		i = t.free
@@ -99,7 +137,7 @@ func (t *lruTable) add(hash uint64, key string, s State, now int64) (evicted int
 	t.index[hash] = i
 	e := &t.entries[i]
 	e.key = key
-	e.set(s)
+	t.bytes += e.set(s)
 	t.pushFront(i)
 	for t.bytes > t.maxBytes || (t.maxKeys > 0 && t.n > t.maxKeys) {
 		oldest := t.entries[0].prev
@@ -120,7 +158,7 @@ func (t *lruTable) remove(i int32) {
 	t.unlink(i)
 	e := &t.entries[i]
 	t.n--
-	t.bytes -= int64(len(e.key)) + entryOverhead
+	t.bytes -= int64(len(e.key)) + entryOverhead + extBytes(e.ext)
 	*e = lruEntry{next: t.free}
 	t.free = i
 }

@@ -32,7 +32,7 @@ type MemoryOptions struct {
 // DefaultMemoryMaxBytes is MemoryOptions.MaxBytes when unset.
 const DefaultMemoryMaxBytes = 256 << 20
 
-// Memory is a Backend that keeps GCRA state in this process: exact for one replica, shared by
+// Memory is a Backend that keeps its keys' state in this process: exact for one replica, shared by
 // nothing. It is safe for concurrent use. It decides each batch with DecideBatch under the locks
 // of the shards its keys fall in, and stores what DecideBatch says. State is sharded by key
 // hash, each shard a least-recently-used list bounded by MaxBytes/Shards (and MaxKeys/Shards),
@@ -202,7 +202,7 @@ func (m *Memory) Decide(_ context.Context, reqs []Request, out []Decision) (bool
 			if sc.next[i].Fresh(now) {
 				t.remove(sc.entry[i])
 			} else if packable(sc.next[i]) {
-				t.entries[sc.entry[i]].set(sc.next[i])
+				t.set(sc.entry[i], sc.next[i])
 			}
 		}
 		for i := range reqs {

@@ -129,7 +129,7 @@ func TestEntryPacksState(t *testing.T) {
 	} {
 		var e lruEntry
 		e.set(s)
-		if !packable(s) || e.state() != s {
+		if !packable(s) || !e.state().Equal(s) {
 			t.Errorf("%+v: packable %v, unpacked %+v", s, packable(s), e.state())
 		}
 	}

@@ -250,3 +250,36 @@ func BenchmarkMemoryDecideChurn(b *testing.B) {
 		b.Fatalf("%d keys held: idle keys do not leave", m.Len())
 	}
 }
+
+func TestMemoryClocked(t *testing.T) {
+	backendtest.RunClocked(t, func(t *testing.T, clock *backendtest.Clock) backend.Backend {
+		m, err := backend.NewMemory(backend.MemoryOptions{Now: clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	})
+}
+
+// TestMemoryCountsWindowState: a window algorithm's state counts against MaxBytes on top of
+// the key's fixed cost, a sliding log by its length, and leaves with its key.
+func TestMemoryCountsWindowState(t *testing.T) {
+	now := time.Date(2026, 11, 11, 12, 0, 30, 0, time.UTC)
+	m, err := backend.NewMemory(backend.MemoryOptions{Shards: 1, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	decideOne(t, m, backend.Request{Key: "gcra", Limit: backendtest.PerMinute(backend.GCRA, 3), Cost: 1})
+	decideOne(t, m, backend.Request{Key: "fixd", Limit: backendtest.PerMinute(backend.FixedWindow, 3), Cost: 1})
+	decideOne(t, m, backend.Request{Key: "slog", Limit: backendtest.PerMinute(backend.SlidingLog, 3), Cost: 1})
+	// 4-byte keys at 112 bytes each; an extState of 48 bytes; a log of cap 2 (one entry).
+	if got, want := m.Bytes(), int64(3*(4+112)+48+48+16); got != want {
+		t.Fatalf("bytes %d, want %d", got, want)
+	}
+	if err := m.Reset(context.Background(), []string{"gcra", "fixd", "slog"}); err != nil {
+		t.Fatal(err)
+	}
+	if m.Bytes() != 0 || m.Len() != 0 {
+		t.Fatalf("after reset: %d keys, %d bytes", m.Len(), m.Bytes())
+	}
+}

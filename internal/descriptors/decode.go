@@ -23,7 +23,7 @@ var (
 	ruleFileFields   = []string{"domain", "descriptors"}
 	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode",
 		"detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode"}
-	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "unit_multiplier", "overdraft"}
+	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "unit_multiplier", "overdraft", "algorithm", "timezone"}
 	replaceFields   = []string{"name"}
 )
 
@@ -354,6 +354,10 @@ func (b *builder) limit(n *yaml.Node) rawLimit {
 			l.multi = v
 		case "overdraft":
 			l.Overdraft = b.boolean(v, "overdraft")
+		case "algorithm":
+			l.Algorithm = b.str(v, "algorithm")
+		case "timezone":
+			l.Timezone = b.str(v, "timezone")
 		}
 	})
 	return l

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -467,6 +468,46 @@ func (b *builder) rule(d *rawDescriptor, path string, share []string, info *Doma
 	return r
 }
 
+// locations holds the time zones loaded so far, by name: a zone loads once per process, and
+// limits under one zone share its *time.Location (so equal limits compare equal across reloads).
+var locations sync.Map // string → *time.Location
+
+func loadLocation(name string) (*time.Location, error) {
+	if l, ok := locations.Load(name); ok {
+		return l.(*time.Location), nil
+	}
+	l, err := time.LoadLocation(name)
+	if err != nil {
+		return nil, err
+	}
+	actual, _ := locations.LoadOrStore(name, l)
+	return actual.(*time.Location), nil
+}
+
+// windowOf aligns a fixed_window limit of mult units: to the epoch in UTC for units up to a
+// day, weeks from Monday, calendar months and years, and days and weeks in loc when it is not UTC.
+func windowOf(unit Unit, mult uint32, loc *time.Location) backend.Window {
+	utc := loc == nil || loc == time.UTC
+	switch {
+	case unit == Week && utc:
+		return backend.Window{Offset: 4 * 86400 * 1e6} // 1970-01-05 was a Monday
+	case unit == Day && !utc:
+		return backend.Window{Calendar: backend.Day, Every: int64(mult), Location: loc}
+	case unit == Week:
+		return backend.Window{Calendar: backend.Week, Every: int64(mult), Location: loc}
+	case unit == Month, unit == Year:
+		cal := backend.Month
+		if unit == Year {
+			cal = backend.Year
+		}
+		if loc == nil {
+			loc = time.UTC
+		}
+		return backend.Window{Calendar: cal, Every: int64(mult), Location: loc}
+	}
+	return backend.Window{}
+}
+
 // limitOf validates one rate_limit that is not unlimited. It returns ok false for an error,
 // already recorded.
 func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
@@ -504,8 +545,46 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 		b.errorf(lineOf(ln, "burst"), "%s: burst must be > 0 (requests_per_unit: 0 denies every request)", where)
 		return Limit{}, false
 	}
+	alg, ok := backend.ParseAlgorithm(rl.Algorithm)
+	if !ok {
+		b.errorf(lineOf(ln, "algorithm"), "%s: algorithm %q: want one of %s", where, rl.Algorithm, strings.Join(backend.Algorithms, ", "))
+		return Limit{}, false
+	}
+	if alg != backend.GCRA {
+		if burstSet {
+			b.errorf(lineOf(ln, "burst"), "%s: burst applies to algorithm gcra only: %v admits requests_per_unit per window", where, alg)
+			return Limit{}, false
+		}
+		burst = perUnit
+	}
+	if rl.Overdraft && alg != backend.GCRA && alg != backend.FixedWindow {
+		b.errorf(lineOf(ln, "overdraft"), "%s: overdraft applies to algorithms gcra and fixed_window, not %v: it charges hits that went over, which %v cannot hold",
+			where, alg, alg)
+		return Limit{}, false
+	}
+	var loc *time.Location
+	if rl.Timezone != "" {
+		switch {
+		case alg != backend.FixedWindow:
+			b.errorf(lineOf(ln, "timezone"), "%s: timezone applies to algorithm fixed_window only", where)
+			return Limit{}, false
+		case unit != Day && unit != Week && unit != Month && unit != Year:
+			b.errorf(lineOf(ln, "timezone"), "%s: timezone applies to units day, week, month and year, not %s", where, unit)
+			return Limit{}, false
+		}
+		var lerr error
+		if loc, lerr = loadLocation(rl.Timezone); lerr != nil || rl.Timezone == "Local" {
+			b.errorf(lineOf(ln, "timezone"), "%s: timezone %q: not a known IANA time zone name", where, rl.Timezone)
+			return Limit{}, false
+		}
+	}
 	lim := NewLimit(rl.Name, perUnit, unit, mult, burst)
 	lim.GCRA.Overdraft = rl.Overdraft
+	lim.GCRA.Algorithm = alg
+	if alg == backend.FixedWindow {
+		lim.GCRA.Window = windowOf(unit, lim.UnitMultiplier, loc)
+	}
+	lim.Timezone = rl.Timezone
 	if err := lim.GCRA.Validate(); err != nil {
 		b.errorf(ln.Line, "%s: %v", where, err)
 		return Limit{}, false

@@ -62,7 +62,9 @@ type Limit struct {
 	UnitMultiplier  uint32 // ≥ 1
 	Burst           uint32
 	Replaces        []string
-	// GCRA is the limit as the backend decides it (GCRA.Overdraft: overdraft: true).
+	Timezone        string // fixed_window's timezone as the rule file names it, "" for UTC
+	// GCRA is the limit as the backend decides it (GCRA.Overdraft: overdraft: true), whatever
+	// its algorithm (GCRA.Algorithm).
 	GCRA backend.Limit
 }
 

@@ -22,10 +22,13 @@ type limitJSON struct {
 	Burst           uint32   `json:"burst"`
 	Replaces        []string `json:"replaces,omitempty"`
 	Overdraft       bool     `json:"overdraft,omitempty"`
+	Algorithm       string   `json:"algorithm"`
+	Timezone        string   `json:"timezone,omitempty"`
 }
 
 func toLimitJSON(l *descriptors.Limit) limitJSON {
-	return limitJSON{Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit.String(), UnitMultiplier: l.UnitMultiplier, Burst: l.Burst, Replaces: l.Replaces, Overdraft: l.GCRA.Overdraft}
+	return limitJSON{Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit.String(), UnitMultiplier: l.UnitMultiplier, Burst: l.Burst,
+		Replaces: l.Replaces, Overdraft: l.GCRA.Overdraft, Algorithm: l.GCRA.Algorithm.String(), Timezone: l.Timezone}
 }
 
 type ruleJSON struct {

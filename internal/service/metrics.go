@@ -45,6 +45,7 @@ type Metrics struct {
 	loads      *prometheus.CounterVec
 	generation prometheus.Gauge
 	lastLoad   prometheus.Gauge
+	algorithms *prometheus.GaugeVec
 	nearRatio  float64
 
 	mu    sync.RWMutex
@@ -107,11 +108,15 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 			Name: "rls_config_last_success_timestamp_seconds",
 			Help: "Unix time of the last successful rule set load.",
 		}),
+		algorithms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "rls_rule_algorithm",
+			Help: "The limits in force by domain, rule (as rls_decisions_total names it) and algorithm (gcra, fixed_window, sliding_window, sliding_log): how many. Join on domain and rule to break decisions down by algorithm.",
+		}, []string{"domain", "rule", "algorithm"}),
 		nearRatio: nearLimitRatio,
 		rules:     map[*descriptors.Limit]*ruleCounters{},
 		detailed:  map[ruleID]*detailedValues{},
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.overload, m.loads, m.generation, m.lastLoad} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.overload, m.loads, m.generation, m.lastLoad, m.algorithms} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -224,14 +229,27 @@ func (m *Metrics) detailedCounters(r *descriptors.Rule, label []byte, max int) (
 	return dv.overflow, first
 }
 
-// reset forgets resolved counters; called when the rule set changes.
-func (m *Metrics) reset() {
+// reset forgets resolved counters and describes the limits of rs (nil: none) in
+// rls_rule_algorithm; called when the rule set changes.
+func (m *Metrics) reset(rs *descriptors.RuleSet) {
 	if m == nil {
 		return
 	}
 	m.mu.Lock()
 	clear(m.rules)
 	m.mu.Unlock()
+	m.algorithms.Reset()
+	if rs == nil {
+		return
+	}
+	for _, d := range rs.Domains {
+		for _, r := range d.Rules {
+			for i := range r.Limits {
+				l := &r.Limits[i]
+				m.algorithms.WithLabelValues(r.Domain, ruleLabel(r, l), l.GCRA.Algorithm.String()).Inc()
+			}
+		}
+	}
 }
 
 // backendError counts a failed backend decision by kind.

@@ -128,7 +128,7 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 func (s *Service) SetRules(rs *descriptors.RuleSet) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.metrics.reset()
+	s.metrics.reset(rs)
 	s.rules.Store(rs)
 	now := time.Now()
 	gen := s.generation.Add(1)

@@ -36,12 +36,14 @@ type KeyLimit struct {
 	UnitMultiplier  uint32 `json:"unit_multiplier"`
 	Burst           uint32 `json:"burst"`
 	Overdraft       bool   `json:"overdraft,omitempty"`
+	Algorithm       string `json:"algorithm"`
 	// Remaining is what would be admitted now: 0 while in debt.
 	Remaining int64 `json:"remaining"`
 	// ResetAfter is the time until the key is back to a full burst, in seconds.
 	ResetAfter float64 `json:"reset_after_seconds"`
 	// InDebt says the key was charged past its limit (overdraft): every request is denied
-	// until RepaidAfter (seconds) has passed; Debt is how far past, in hits (rounded up).
+	// until RepaidAfter (seconds) has passed; Debt is how far past, in hits (rounded up), under
+	// gcra. Under fixed_window a debt ends with its window, whatever its size: Debt is omitted.
 	InDebt      bool    `json:"in_debt"`
 	Debt        int64   `json:"debt,omitempty"`
 	RepaidAfter float64 `json:"repaid_after_seconds,omitempty"`
@@ -160,13 +162,15 @@ func (s *Service) KeysHandler(opts KeysOptions) http.Handler {
 func keyLimit(l *descriptors.Limit, d backend.Decision) KeyLimit {
 	kl := KeyLimit{
 		Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit.String(), UnitMultiplier: l.UnitMultiplier,
-		Burst: l.Burst, Overdraft: l.GCRA.Overdraft, Remaining: d.Remaining, ResetAfter: d.ResetAfter.Seconds(),
+		Burst: l.Burst, Overdraft: l.GCRA.Overdraft, Algorithm: l.GCRA.Algorithm.String(), Remaining: d.Remaining, ResetAfter: d.ResetAfter.Seconds(),
 	}
 	// A check is denied only in debt (or under a rate of 0, which holds no state).
 	if !d.Allowed && l.GCRA.Rate > 0 {
 		kl.InDebt, kl.Remaining = true, 0
 		kl.RepaidAfter = d.RetryAfter.Seconds()
-		kl.Debt = debtHits(d.RetryAfter, l.GCRA)
+		if l.GCRA.Algorithm == backend.GCRA {
+			kl.Debt = debtHits(d.RetryAfter, l.GCRA)
+		}
 	}
 	return kl
 }

@@ -172,7 +172,7 @@ func TestKeysHandler(t *testing.T) {
 		}
 		return res.Descriptors[0].Limits[0]
 	}
-	want := KeyLimit{RequestsPerUnit: 1000, Unit: "minute", UnitMultiplier: 1, Burst: 1000, Overdraft: true,
+	want := KeyLimit{RequestsPerUnit: 1000, Unit: "minute", UnitMultiplier: 1, Burst: 1000, Overdraft: true, Algorithm: "gcra",
 		ResetAfter: 348, InDebt: true, Debt: 4800, RepaidAfter: 288}
 	for range 2 { // reading charges nothing
 		if got := inspect(off); got != want {

@@ -127,7 +127,7 @@ func BenchmarkScript(b *testing.B) {
 				for i, c := range calls {
 					c.reset()
 					req := backend.Request{Limit: l, Cost: 1}
-					c.add(fmt.Sprintf("%sk%d-%d", be.prefix, r%1000, i), &req)
+					c.add(fmt.Sprintf("%sk%d-%d", be.prefix, r%1000, i), &req, 0)
 				}
 				args := decideArgs(script.Hash(), 0, calls[0])
 				if n > 1 {
@@ -166,4 +166,85 @@ func scriptUsec(b *testing.B, be *Backend) float64 {
 		}
 	}
 	return total
+}
+
+// BenchmarkAlgorithms measures, per algorithm, Redis's own time in the script per one-key
+// decision (INFO commandstats usec, as BenchmarkScript) and the memory a key takes (MEMORY USAGE,
+// averaged over the keys at the end). sliding_log's cost grows with the hits its log holds:
+// held is how many each key holds before the loop; the loop adds one per decision, over 100
+// keys. The limits admit 10,000 per hour, above backend.MaxLogRate for sliding_log: held=9000
+// shows what the bound keeps out. It resets the server's command statistics.
+func BenchmarkAlgorithms(b *testing.B) {
+	tokyo, err := time.LoadLocation("Asia/Tokyo")
+	if err != nil {
+		b.Fatal(err)
+	}
+	const rate = 10 * backend.MaxLogRate
+	limit := func(alg backend.Algorithm) backend.Limit {
+		return backend.Limit{Rate: rate, Period: time.Hour, Burst: rate, Algorithm: alg}
+	}
+	month := limit(backend.FixedWindow)
+	month.Period, month.Window = 30*24*time.Hour, backend.Window{Calendar: backend.Month, Every: 1, Location: tokyo}
+	for n, tc := range []struct {
+		name string
+		l    backend.Limit
+		held int
+	}{
+		{"gcra", limit(backend.GCRA), 0},
+		{"fixed_window", limit(backend.FixedWindow), 0},
+		{"fixed_window-month-tokyo", month, 0},
+		{"sliding_window", limit(backend.SlidingWindow), 0},
+		{"sliding_log/held=1", limit(backend.SlidingLog), 1},
+		{"sliding_log/held=100", limit(backend.SlidingLog), 100},
+		{"sliding_log/held=1000", limit(backend.SlidingLog), 1000},
+		{"sliding_log/held=9000", limit(backend.SlidingLog), 9000},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			be := newTestBackend(b, singleEnv, Options{})
+			ctx := context.Background()
+			keys := make([]string, 100)
+			now := time.Now().UnixMicro()
+			for i := range keys {
+				keys[i] = fmt.Sprintf("%salg-%d-%02d", be.prefix, n, i) // one length for all: bytes/key compare
+				s := backend.State{Alg: tc.l.Algorithm, Rate: rate, Period: int64(time.Hour / time.Microsecond)}
+				for k := range tc.held {
+					s.Log = append(s.Log, now-int64(tc.held-k)*1000, 1)
+				}
+				if tc.held > 0 {
+					if err := be.rdb.Set(ctx, keys[i], encodeState(s), time.Hour).Err(); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+			c := &call{}
+			decide := func(key string) {
+				c.reset()
+				c.add(key, &backend.Request{Limit: tc.l, Cost: 1}, time.Now().UnixMicro())
+				if err := be.rdb.Do(ctx, decideArgs(script.Hash(), 0, c)...).Err(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for _, k := range keys {
+				decide(k)
+			}
+			if err := be.rdb.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			var decisions int64
+			for r := 0; b.Loop(); r++ {
+				decide(keys[r%len(keys)])
+				decisions++
+			}
+			b.ReportMetric(scriptUsec(b, be)/float64(decisions), "redis-µs/decision")
+			var bytes int64
+			for _, k := range keys {
+				n, err := be.rdb.MemoryUsage(ctx, k).Result()
+				if err != nil {
+					b.Fatal(err)
+				}
+				bytes += n
+			}
+			b.ReportMetric(float64(bytes)/float64(len(keys)), "redis-bytes/key")
+		})
+	}
 }

@@ -8,8 +8,11 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 )
 
-// denial is what the local cache keeps of a request Redis denied: under GCRA only time admits
-// that key again for that cost or more, so until then the answer is known without asking.
+// denial is what the local cache keeps of a request Redis denied: under every algorithm only
+// time admits that key again for that cost or more (GCRA's TAT, a fixed window's end, a sliding
+// window's decaying estimate, a sliding log's oldest hits leaving), and other requests can only
+// push that instant later, so until RetryAfter the answer is known without asking. A refund
+// elsewhere can bring it sooner, as under GCRA alone before.
 type denial struct {
 	limit     backend.Limit
 	cost      int64

@@ -31,6 +31,7 @@ func (j *job) plan(b *Backend, reqs []backend.Request, out []backend.Decision) e
 	j.idx = j.idx[:0]
 	refused := false
 	quota, quotaKnown, quotaKnownAllowed := 0, 0, 0
+	calNow := int64(0) // this process's instant, for calendar windows: read once, when needed
 	for i := range reqs {
 		r := &reqs[i]
 		if err := r.Limit.Validate(); err != nil {
@@ -65,7 +66,10 @@ func (j *job) plan(b *Backend, reqs []backend.Request, out []backend.Decision) e
 		} else if len(j.calls) == 0 {
 			j.newCall(0)
 		}
-		j.calls[k].add(key, r)
+		if r.Limit.Window.Calendar != backend.NoCalendar && calNow == 0 {
+			calNow = b.now().UnixMicro()
+		}
+		j.calls[k].add(key, r, calNow)
 		j.idx[k] = append(j.idx[k], i)
 	}
 	if quota > 0 && quota == quotaKnown && quotaKnownAllowed == 0 {
@@ -180,17 +184,17 @@ func (j *job) undo(ctx context.Context, b *Backend, reqs []backend.Request) erro
 		var keys []string
 		var vals []byte
 		for n, i := range j.idx[k] {
-			dus, dfrac := c.delta[2*n], c.delta[2*n+1]
-			if dus == 0 && dfrac == 0 {
+			d := c.delta[4*n : 4*n+4]
+			if d[0] == 0 && d[1] == 0 && d[2] == 0 {
 				continue
 			}
 			r := &reqs[i]
 			keys = append(keys, c.keys[n])
-			od := int64(0)
+			od := 2 * int64(r.Limit.Algorithm)
 			if r.Limit.Overdraft {
-				od = 1
+				od++
 			}
-			vals = appendDoubles(vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, dus, dfrac, od)
+			vals = appendDoubles(vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, d[0], d[1], od, d[2], d[3])
 		}
 		if len(keys) > 0 {
 			cmds = append(cmds, newScriptCmd(undoArgs(script.Hash(), b.nowArg(), keys, vals)))

@@ -1,11 +1,12 @@
-// Package redis is a backend.Backend that keeps GCRA state in Redis, shared by every replica of
+// Package redis is a backend.Backend that keeps rate-limit state in Redis, shared by every replica of
 // rls: single node, Sentinel or Cluster, through github.com/redis/go-redis/v9.
 //
 // One Lua script (gcra.lua) decides a whole batch atomically, with the arithmetic of
 // backend.Decide and backend.Refund in integer microseconds and time from Redis TIME, so replicas
-// whose own clocks disagree still agree exactly. Each key stores only what GCRA needs — its
-// theoretical arrival time as an exact rational and the rate and period it was computed under —
-// and expires at its reset, so an idle key costs nothing.
+// whose own clocks disagree still agree exactly. Each key stores only what its algorithm needs —
+// under GCRA its theoretical arrival time as an exact rational and the rate and period it was
+// computed under; a window's end and counts; a sliding log's instants — and expires at its
+// reset, so an idle key costs nothing.
 //
 // A request costs one round trip. On a single node (or Sentinel) every key of a batch goes to one
 // script call. On a Cluster the keys are spread over slots, so a batch is split into one script
@@ -13,7 +14,8 @@
 // charges the others made are undone in a second round trip (the only case with two).
 //
 // Around that: a local cache of denials (a key Redis denied for a cost until some instant is
-// denied from memory until then, without a round trip: under GCRA only time admits it again),
+// denied from memory until then, without a round trip: under every algorithm only time admits it
+// again),
 // optional coalescing of concurrent calls into pipelines, a timeout on every call and a circuit
 // breaker that fails fast with backend.ErrUnavailable while Redis is down and probes for its
 // return in the background.

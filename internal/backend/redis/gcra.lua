@@ -1,4 +1,5 @@
--- GCRA for rls: backend.DecideBatch (internal/backend) in one atomic call.
+-- GCRA and the window algorithms for rls: backend.DecideBatch (internal/backend) in one atomic
+-- call.
 --
 -- Time is integer microseconds from Redis TIME, so every replica of rls agrees on it. A TAT is
 -- exact: us + frac/rate microseconds with 0 <= frac < rate. A key stores its state as four
@@ -26,19 +27,32 @@
 --       hold part of the batch (Cluster slots), ARGV[5] per key: rate, period (us), burst, cost
 --       (clamped to [0, burst+1], or under overdraft to [0, Limit.MaxCharge]), flags (1 refund,
 --       + 2*mode with mode 0 enforce, 1 shadow, 2 quota, + 8 overdraft), as little-endian
---       doubles. Rate is > 0: rls decides rate 0 itself.
+--       doubles, then the window: offset, 0, 0 for Period-long windows, or for calendar windows
+--       the start and end of the window holding rls's instant and the end of the next one: the
+--       script decides in the window before, that one or the next, whichever holds its now.
+--       flags add 16*algorithm (0 gcra, 1 fixed_window, 2 sliding_window, 3 sliding_log).
+--       Rate is > 0: rls decides rate 0 itself.
 --       Replies with one string of doubles: charged (1/0), then per key allowed, remaining,
 --       retry_us, reset_us; with ARGV[4] = "1" also, per key, the check-only remaining and
 --       reset_us (what the key reports once the batch is undone) and the exact change written
---       (delta_us, delta_frac in 1/rate us; zero but on a key's last occurrence).
+--       (delta_us, delta_frac in 1/rate us; zero but on a key's last occurrence), then two
+--       more: under sliding_log the hits a refund removed and the instant of the newest of them.
 --   "m" several batches, each decided as by "d" with ARGV[4] = "0", in order, as one call each
 --       would: ARGV[3], ARGV[4] are the first batch's threshold and values, ARGV[5], ARGV[6] the
 --       second's, and so on; KEYS are the batches' keys in order. Replies with the replies of
 --       "d", concatenated. This pays the fixed cost of a script call (and TIME) once for many
 --       concurrent calls.
---   "u" undo: ARGV[3] per key: rate, period, burst, delta_us, delta_frac, overdraft (1/0):
---       subtracts a change that "d" wrote (for a batch another slot refused), within [now,
---       now + burst], or under overdraft [now, now + MAX_TOLERANCE].
+--   "u" undo: ARGV[3] per key: rate, period, burst, delta_us, delta_frac, overdraft (1/0) +
+--       2*algorithm, removed, removed_at: subtracts a change that "d" wrote (for a batch another slot refused),
+--       within [now, now + burst], or under overdraft [now, now + MAX_TOLERANCE]. Under the
+--       window algorithms the change is (hits, the end of their window) or, under sliding_log,
+--       (hits, their instant).
+--
+-- The window algorithms (backend/window.go) store their state as doubles too: fixed_window
+-- and sliding_window (algorithm, window end, count, previous count, rate, period: 48 bytes),
+-- sliding_log (3, rate, period, entries, hits before the first entry, then per entry its instant
+-- and the hits admitted up to it, cumulative: 40 + 16 bytes per entry). The first double tells
+-- the forms apart: a GCRA TAT is never 1, 2 or 3.
 --
 -- Overdraft (see backend.Decide): a denied charge of cost > 0 under an overdraft limit is
 -- written anyway, its TAT saturating at now + MAX_TOLERANCE, and never refuses its batch. With
@@ -154,7 +168,7 @@ end
 
 -- A state is a table {tat_us, tat_frac, rate, period}, or false for none.
 local function fresh(s, now)
-  return not s or s[1] < now or (s[1] == now and s[2] == 0)
+  return not s or s[5] ~= nil or s[1] < now or (s[1] == now and s[2] == 0)
 end
 
 -- current returns the TAT of s under L at now, as gcra.go's current: never before now, a state
@@ -273,10 +287,359 @@ local function refund(s, L, now, cost)
   return {tus, tf, rate, L[2]}, 1, count(hus, hf, L), 0, ceil_us(sub(tus, tf, now, 0, rate))
 end
 
+
+-- The window algorithms, as backend/window.go. A state is {end or 0, count, rate, period, alg,
+-- previous count, log}; a limit W is {rate, period, burst, alg = alg, start, end}, with W[10]
+-- its overdraft as in a GCRA limit.
+local MAX_WINDOW_CHARGE = 8589934592 -- 2^33
+local MAX_WINDOW_COUNT = 1099511627776 -- 2^40
+
+-- expiry returns the instant from which a window state holds no usage.
+local function expiry(s)
+  local alg = s[5]
+  if alg == 1 then
+    if s[2] > 0 then
+      return s[1]
+    end
+  elseif alg == 2 then
+    if s[2] > 0 then
+      return s[1] + s[4]
+    elseif s[6] > 0 then
+      return s[1]
+    end
+  elseif alg == 3 then
+    local L = s[7]
+    if L.k >= 1 then
+      return unpack("<d", L.e, 16 * L.k - 15) + s[4]
+    end
+  end
+  return 0
+end
+
+local function left(t, now)
+  if t > now then
+    return t - now
+  end
+  return 0
+end
+
+-- window builds W for a request at now from its values (see the wire format).
+local function window(rate, period, burst, alg, overdraft, wa, wb, wc, now)
+  local W = {rate, period, burst}
+  W[10] = overdraft
+  W.alg = alg
+  if wb > 0 then
+    -- Calendar windows are fixed_window's only: its decisions need the window's end alone.
+    if now < wa then
+      W.start, W.stop = wa - period, wa -- Redis's clock behind rls's, across a boundary
+    elseif now < wb then
+      W.start, W.stop = wa, wb
+    elseif now < wc then
+      W.start, W.stop = wb, wc
+    else
+      error("rls: Redis's clock is past the calendar windows rls computed: clocks apart by more than a window")
+    end
+  else
+    W.start = now - (now - wa) % period
+    W.stop = W.start + period
+  end
+  return W
+end
+
+local function clamp(W, cost)
+  if cost < 0 then
+    return 0
+  end
+  if W[10] and W.alg == 1 then
+    return math.min(cost, MAX_WINDOW_CHARGE)
+  end
+  return math.min(cost, W[3] + 1)
+end
+
+-- counts returns the hits a fixed or sliding window state holds in W's window and the one
+-- before it.
+local function counts(s, W)
+  local cur, prev = 0, 0
+  if s and s[5] == W.alg and s[4] == W[2] then
+    if s[1] == W.stop then
+      cur, prev = s[2], s[6]
+    elseif W.alg == 2 and s[1] == W.start then
+      prev = s[2]
+    end
+  end
+  return cur, prev
+end
+
+-- A sliding_log log is {e = entries, k = their number, base = hits before the first}: e packs
+-- per entry its instant and the hits admitted up to it since the key's first (cumulative), so
+-- that a decision finds its first live entry by binary search and counts the live hits with one
+-- subtraction, and appends without unpacking the rest.
+
+local function empty_log()
+  return {e = "", k = 0, base = 0}
+end
+
+-- entry returns the instant and the cumulative hits of entry i of log L (entry 0: (0, base)).
+local function entry(L, i)
+  if i == 0 then
+    return 0, L.base
+  end
+  local t, c = unpack("<dd", L.e, 16 * i - 15)
+  return t, c
+end
+
+-- pop returns L less take of the hits of its last entry (all of them: the entry goes).
+local function pop(L, take)
+  local t, c = entry(L, L.k)
+  local _, p = entry(L, L.k - 1)
+  local prefix = string.sub(L.e, 1, 16 * (L.k - 1))
+  if take >= c - p then
+    return {e = prefix, k = L.k - 1, base = L.base}
+  end
+  return {e = prefix .. pack("<dd", t, c - take), k = L.k, base = L.base}
+end
+
+-- at_now returns the hits of L's trailing entries at instant now, and the index of the newest
+-- entry before them.
+local function at_now(L, now)
+  local h, i = 0, L.k
+  while i >= 1 do
+    local t, c = entry(L, i)
+    if t ~= now then
+      break
+    end
+    local _, p = entry(L, i - 1)
+    h, i = h + c - p, i - 1
+  end
+  return h, i
+end
+
+-- live returns a log state's entries still within the period at now, and their hits.
+local function live(s, W, now)
+  if not (s and s[5] == 3 and s[4] == W[2]) then
+    return empty_log(), 0
+  end
+  local L = s[7]
+  -- The first entry after now - period: entries are in order of their instants.
+  local lo, hi, cut = 1, L.k + 1, now - W[2]
+  while lo < hi do
+    local mid = floor((lo + hi) / 2)
+    if entry(L, mid) <= cut then
+      lo = mid + 1
+    else
+      hi = mid
+    end
+  end
+  local _, b = entry(L, lo - 1)
+  local _, c = entry(L, L.k)
+  if lo > 1 then
+    L = {e = string.sub(L.e, 16 * (lo - 1) + 1), k = L.k - lo + 1, base = b}
+  end
+  return L, c - b
+end
+
+-- used is sliding_window's estimate rounded up, in whole milliseconds.
+local function used(W, cur, prev, now)
+  local p = W[2] / 1000
+  local e = floor((now - W.start) / 1000)
+  return cur + (divmod(prev * (p - e) + p - 1, p))
+end
+
+local function wdecide(s, W, now, cost)
+  local rate, period, alg = W[1], W[2], W.alg
+  cost = clamp(W, cost)
+  if alg == 1 then
+    local count = counts(s, W)
+    local reset = 0
+    if count > 0 then
+      reset = left(W.stop, now)
+    end
+    if count + cost <= rate then
+      local n = count + cost
+      local r = 0
+      if n > 0 then
+        r = left(W.stop, now)
+      end
+      return {W.stop, n, rate, period, 1, 0}, 1, rate - n, 0, r
+    end
+    local retry = left(W.stop, now)
+    if cost > rate then
+      retry = retry + period
+    end
+    local ns = s
+    if W[10] and cost > 0 then
+      ns = {W.stop, math.min(count + cost, MAX_WINDOW_COUNT), rate, period, 1, 0}
+    end
+    return ns, 0, math.max(rate - count, 0), retry, reset
+  elseif alg == 2 then
+    local cur, prev = counts(s, W)
+    local u = used(W, cur, prev, now)
+    if u + cost <= rate then
+      local ns = {W.stop, cur + cost, rate, period, 2, prev}
+      return ns, 1, rate - u - cost, 0, left(expiry(ns), now)
+    end
+    local reset = left(expiry({W.stop, cur, rate, period, 2, prev}), now)
+    local p = period / 1000
+    local x = rate - cur - cost
+    local retry
+    if cost > rate then
+      retry = reset + period
+    elseif x >= 0 then
+      retry = left(W.start + (p - (divmod(x * p, prev))) * 1000, now)
+    else
+      retry = left(W.stop + (p - (divmod((rate - cost) * p, cur))) * 1000, now)
+    end
+    return s, 0, math.max(rate - u, 0), retry, reset
+  end
+  -- sliding_log
+  local L, n = live(s, W, now)
+  if n + cost <= rate then
+    if cost > 0 then
+      local _, c = entry(L, L.k)
+      L = {e = L.e .. pack("<dd", now, c + cost), k = L.k + 1, base = L.base}
+    end
+    local ns = {0, 0, rate, period, 3, 0, L}
+    return ns, 1, rate - n - cost, 0, left(expiry(ns), now)
+  end
+  local reset = left(expiry({0, 0, rate, period, 3, 0, L}), now)
+  local retry
+  if cost > rate then
+    retry = reset + period
+  else
+    -- Admitted once the oldest entries holding need hits have left the period.
+    local need = L.base + n + cost - rate
+    local lo, hi = 1, L.k
+    while lo < hi do
+      local mid = floor((lo + hi) / 2)
+      local _, c = entry(L, mid)
+      if c < need then
+        lo = mid + 1
+      else
+        hi = mid
+      end
+    end
+    retry = left(entry(L, lo) + period, now)
+  end
+  return s, 0, math.max(rate - n, 0), retry, reset
+end
+
+local function wrefund(s, W, now, cost)
+  local rate, period, alg = W[1], W[2], W.alg
+  if cost < 0 then
+    cost = 0
+  end
+  if alg == 3 then
+    -- Gives back the most recent hits first.
+    local L, n = live(s, W, now)
+    while cost > 0 and L.k > 0 do
+      local _, c = entry(L, L.k)
+      local _, p = entry(L, L.k - 1)
+      local take = math.min(cost, c - p)
+      L = pop(L, take)
+      cost, n = cost - take, n - take
+    end
+    local ns = {0, 0, rate, period, 3, 0, L}
+    return ns, 1, math.max(rate - n, 0), 0, left(expiry(ns), now)
+  end
+  local cur, prev = counts(s, W)
+  cur = math.max(cur - cost, 0)
+  local ns = {W.stop, cur, rate, period, alg, prev}
+  if alg == 1 then
+    local r = 0
+    if cur > 0 then
+      r = left(W.stop, now)
+    end
+    return ns, 1, math.max(rate - cur, 0), 0, r
+  end
+  return ns, 1, math.max(rate - used(W, cur, prev, now), 0), 0, left(expiry(ns), now)
+end
+
+-- wdelta is the change a charged call wrote to a window key, for undo: (hits, window end, 0,
+-- 0) or, under sliding_log, (hits added, now, hits removed, the instant of the newest entry
+-- removed from). The hits removed come back at that one instant: where a refund took hits from
+-- several entries, the undone log holds them a little longer than it did (never fewer).
+local function wdelta(before, after, W, now)
+  if W.alg == 3 then
+    local la, na = live(after, W, now)
+    local lb, nb = live(before, W, now)
+    local ha = at_now(la, now)
+    local hb, i = at_now(lb, now)
+    local added = math.max(ha - hb, 0)
+    local removed = math.max(nb + added - na, 0)
+    local at = 0
+    if removed > 0 and i >= 1 then
+      at = entry(lb, i)
+    end
+    return added, now, removed, at
+  end
+  local ca = counts(after, W)
+  local cb = counts(before, W)
+  return ca - cb, W.stop, 0, 0
+end
+
+-- wundo gives back hits that "d" wrote under a window algorithm (see wdelta).
+local function wundo(s, alg, rate, period, hits, at, removed, removed_at)
+  if not s and (hits < 0 or removed > 0) then
+    -- A refund emptied the key, which was then deleted: give its hits back to a new state.
+    s = {at, 0, rate, period, alg, 0, empty_log()}
+  end
+  if not (s and s[5] == alg and s[4] == period) then
+    return s
+  end
+  if alg == 3 then
+    local L = s[7]
+    while hits > 0 and L.k > 0 do
+      local t, c = entry(L, L.k)
+      if t ~= at then
+        break
+      end
+      local _, p = entry(L, L.k - 1)
+      local take = math.min(hits, c - p)
+      L, hits = pop(L, take), hits - take
+    end
+    if removed > 0 then
+      -- Back after the entries up to removed_at; the later ones count them too.
+      local i = L.k
+      while i >= 1 and entry(L, i) > removed_at do
+        i = i - 1
+      end
+      local _, c = entry(L, i)
+      local parts = {string.sub(L.e, 1, 16 * i), pack("<dd", removed_at, c + removed)}
+      for m = i + 1, L.k do
+        local t, cm = entry(L, m)
+        parts[#parts + 1] = pack("<dd", t, cm + removed)
+      end
+      L = {e = table.concat(parts), k = L.k + 1, base = L.base}
+    end
+    s[7] = L
+    return s
+  end
+  if s[1] == at then
+    s[2] = math.min(math.max(s[2] - hits, 0), MAX_WINDOW_COUNT)
+  elseif alg == 2 and s[1] == at + period then
+    s[6] = math.max(s[6] - hits, 0)
+  end
+  return s
+end
+
 -- parse reads a stored value (nil: none).
 local function parse(v)
   if not v then
     return false
+  end
+  local n = #v
+  if n >= 32 and n % 8 == 0 then
+    local alg = unpack("<d", v)
+    if (alg == 1 or alg == 2) and n == 48 then
+      local _, e, c, pv, r, p = unpack("<dddddd", v)
+      return {e, c, r, p, alg, pv}
+    elseif alg == 3 then
+      local _, r, p, k, base = unpack("<ddddd", v)
+      if n ~= 40 + 16 * k then
+        return false
+      end
+      return {0, 0, r, p, 3, 0, {e = string.sub(v, 41), k = k, base = base}}
+    end
   end
   -- The last byte of the packed form is the high byte of a period >= 1 as a double: 0x3F or
   -- more, never a digit as the text form ends with.
@@ -297,7 +660,19 @@ local function load(key)
 end
 
 local function store(key, s, existed, now)
-  if fresh(s, now) then
+  local alg = s and s[5] or 0
+  local left -- until the state holds no usage, in us
+  if alg == 0 then
+    if not fresh(s, now) then
+      left = ceil_us(sub(s[1], s[2], now, 0, s[3]))
+    end
+  else
+    local e = expiry(s)
+    if e > now then
+      left = e - now
+    end
+  end
+  if not left then
     if existed then
       call("DEL", key)
     end
@@ -305,11 +680,20 @@ local function store(key, s, existed, now)
   end
   -- Expire at the reset, rounded up to whole milliseconds: the state is then no usage at all.
   -- A fixed now (tests) is not Redis's clock: keep such keys a minute longer than the test.
-  local ttl = floor((ceil_us(sub(s[1], s[2], now, 0, s[3])) + 999) / 1000)
+  local ttl = floor((left + 999) / 1000)
   if fixed_now then
     ttl = ttl + 60000
   end
-  call("PSETEX", key, ttl, pack("<dddd", s[1], s[2], s[3], s[4]))
+  local v
+  if alg == 0 then
+    v = pack("<dddd", s[1], s[2], s[3], s[4])
+  elseif alg == 3 then
+    local L = s[7]
+    v = pack("<ddddd", 3, s[3], s[4], L.k, L.base) .. L.e
+  else
+    v = pack("<dddddd", alg, s[1], s[2], s[6], s[3], s[4])
+  end
+  call("PSETEX", key, ttl, v)
 end
 
 local function clock(arg)
@@ -332,9 +716,17 @@ local function limit_of(rate, period, burst, overdraft)
   return last_limit
 end
 
--- flags splits a request's flags: refund, mode, overdraft.
+-- flags splits a request's flags: refund, mode, overdraft, algorithm.
 local function split(flags)
-  return flags % 2 == 1, floor(flags / 2) % 4, flags >= 8
+  return flags % 2 == 1, floor(flags / 2) % 4, floor(flags / 8) % 2 == 1, floor(flags / 16)
+end
+
+-- request_limit is the limit a request's values describe: GCRA's L, or a window's W.
+local function request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
+  if alg == 0 then
+    return limit_of(rate, period, burst, od)
+  end
+  return window(rate, period, burst, alg, od, wa, wb, wc, now)
 end
 
 local op = ARGV[1]
@@ -344,8 +736,17 @@ if op == "u" then
   local args, pos = ARGV[3], 1
   for i = 1, #KEYS do
     local rate, period, burst, dus, df, od
-    rate, period, burst, dus, df, od, pos = unpack("<dddddd", args, pos)
-    local L = limit_of(rate, period, burst, od == 1)
+    local removed, removed_at
+    rate, period, burst, dus, df, od, removed, removed_at, pos = unpack("<dddddddd", args, pos)
+    local alg = floor(od / 2)
+    if alg ~= 0 then
+      local s = load(KEYS[i])
+      local ns = wundo(s, alg, rate, period, dus, df, removed, removed_at)
+      if ns then
+        store(KEYS[i], ns, s ~= false, now)
+      end
+    else
+    local L = limit_of(rate, period, burst, od % 2 == 1)
     local s = load(KEYS[i])
     local tus, tf = current(s, L, now)
     tus, tf = sub(tus, tf, dus, df, rate)
@@ -357,6 +758,7 @@ if op == "u" then
       tus, tf = mus, mf
     end
     store(KEYS[i], {tus, tf, rate, L[2]}, s ~= false, now)
+    end
   end
   return ""
 end
@@ -400,6 +802,15 @@ end
 
 -- apply decides a request of cost under L on the state s, or refunds it.
 local function apply(s, L, cost, refunds)
+  if L.alg then
+    if refunds then
+      return wrefund(s, L, now, cost)
+    end
+    return wdecide(s, L, now, cost)
+  end
+  if s and s[5] then
+    s = false -- another algorithm's state: no usage under GCRA
+  end
   if refunds then
     return refund(s, L, now, cost)
   end
@@ -416,14 +827,13 @@ end
 -- batches are one descriptor under one limit.
 local function single(k0, args, quota_refuse)
   local key = KEYS[k0 + 1]
-  local rate, period, burst, cost, flags = unpack("<ddddd", args)
-  local refunds = flags % 2 == 1
-  local L = limit_of(rate, period, burst, flags >= 8)
+  local rate, period, burst, cost, flags, wa, wb, wc = unpack("<dddddddd", args)
+  local refunds, mode, od, alg = split(flags)
+  local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
   local s = state(key)
   local ns, ok, rem, retry, reset = apply(s, L, cost, refunds)
   local charge = quota_refuse >= 0
   if ok == 0 and refuses(L, cost, refunds) then
-    local mode = floor(flags / 2) % 4
     if mode == 0 or (mode == 2 and quota_refuse == 1) then
       charge = false
     end
@@ -433,7 +843,7 @@ local function single(k0, args, quota_refuse)
   elseif ok == 1 then
     -- Allowed in a refused batch: a check of the state the batch found.
     local _
-    _, _, rem, _, reset = decide(s, L, now, 0)
+    _, _, rem, _, reset = apply(s, L, 0, false)
   end
   emit(pack("<ddddd", charge and 1 or 0, ok, rem, retry, reset))
   return 1
@@ -441,7 +851,7 @@ end
 
 -- batch decides the batch of n keys from KEYS[k0 + 1] on, appending its reply to out.
 local function batch(k0, args, quota_refuse, multi)
-  local n = #args / 40
+  local n = #args / 64
   if n == 1 and not multi then
     return single(k0, args, quota_refuse)
   end
@@ -450,10 +860,10 @@ local function batch(k0, args, quota_refuse, multi)
   local pos = 1
   for i = 1, n do
     local key = KEYS[k0 + i]
-    local rate, period, burst, cost, flags
-    rate, period, burst, cost, flags, pos = unpack("<ddddd", args, pos)
-    local refunds, mode, od = split(flags)
-    local L = limit_of(rate, period, burst, od)
+    local rate, period, burst, cost, flags, wa, wb, wc
+    rate, period, burst, cost, flags, wa, wb, wc, pos = unpack("<dddddddd", args, pos)
+    local refunds, mode, od, alg = split(flags)
+    local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
     lim[i] = L
     local s = cur[key]
     if s == nil then
@@ -481,7 +891,7 @@ local function batch(k0, args, quota_refuse, multi)
     -- Allowed requests of a refused batch report a check of the state the batch found.
     for i = 1, n do
       if res[4 * i - 3] == 1 then
-        local _, _, rem, _, reset = decide(states[KEYS[k0 + i]], lim[i], now, 0)
+        local _, _, rem, _, reset = apply(states[KEYS[k0 + i]], lim[i], 0, false)
         res[4 * i - 2], res[4 * i] = rem, reset
       end
     end
@@ -496,17 +906,21 @@ local function batch(k0, args, quota_refuse, multi)
       local rem, reset = 0, 0
       if res[4 * i - 3] == 1 and charge then
         local _
-        _, _, rem, _, reset = decide(states[KEYS[k0 + i]], lim[i], now, 0)
+        _, _, rem, _, reset = apply(states[KEYS[k0 + i]], lim[i], 0, false)
       end
       local key = KEYS[k0 + i]
-      local dus, df = 0, 0
+      local dus, df, d3, d4 = 0, 0, 0, 0
       if charge and last[key] == i then
         local L = lim[i]
-        local aus, af = current(cur[key], L, now)
-        local bus, bf = current(states[key], L, now)
-        dus, df = sub(aus, af, bus, bf, L[1])
+        if L.alg then
+          dus, df, d3, d4 = wdelta(states[key], cur[key], L, now)
+        else
+          local aus, af = current(cur[key], L, now)
+          local bus, bf = current(states[key], L, now)
+          dus, df = sub(aus, af, bus, bf, L[1])
+        end
       end
-      emit(pack("<dddd", rem, reset, dus, df))
+      emit(pack("<dddddd", rem, reset, dus, df, d3, d4))
     end
   end
   if charge then

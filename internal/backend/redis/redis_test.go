@@ -221,11 +221,11 @@ func TestScriptMatchesGo(t *testing.T) {
 		}
 		got, ok := readState(t, b.rdb, stored)
 		switch {
-		case !want.Allowed && hasState && (!ok || got != s):
+		case !want.Allowed && hasState && (!ok || !got.Equal(s)):
 			t.Fatalf("%s: denied, but the stored state became %+v (present %v)", desc, got, ok)
 		case want.Allowed && wantS.Fresh(now) && ok:
 			t.Fatalf("%s: state fresh after the decision, but stored %+v", desc, got)
-		case want.Allowed && !wantS.Fresh(now) && (!ok || got != wantS):
+		case want.Allowed && !wantS.Fresh(now) && (!ok || !got.Equal(wantS)):
 			t.Fatalf("%s: stored %+v (present %v), want %+v", desc, got, ok, wantS)
 		}
 		if !want.Allowed {
@@ -245,7 +245,7 @@ func TestScriptMatchesGo(t *testing.T) {
 			if ok {
 				t.Fatalf("%s: after undo stored %+v, want the key gone", desc, got)
 			}
-		} else if !ok || got != restored {
+		} else if !ok || !got.Equal(restored) {
 			t.Fatalf("%s: after undo stored %+v (present %v), want %+v", desc, got, ok, restored)
 		}
 	}
@@ -270,10 +270,34 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 			t.Logf("seed %d", now)
 			keys := make([]string, 12)
 			limits := make([]backend.Limit, len(keys))
+			tokyo, err := time.LoadLocation("Asia/Tokyo")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ny, err := time.LoadLocation("America/New_York")
+			if err != nil {
+				t.Fatal(err)
+			}
 			for i := range keys {
 				keys[i] = "batch-" + strconv.Itoa(i)
-				limits[i] = backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8),
-					Overdraft: i%2 == 1}
+				// Two keys of each algorithm, then two more of GCRA and of fixed_window, the
+				// odd ones under overdraft where it applies; the last two on calendar windows.
+				alg := backend.Algorithm(i / 2 % 4)
+				l := backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8),
+					Algorithm: alg, Overdraft: i%2 == 1 && (alg == backend.GCRA || alg == backend.FixedWindow)}
+				if alg != backend.GCRA {
+					l.Burst = l.Rate
+				}
+				switch i {
+				case 10:
+					l.Period, l.Window = 24*time.Hour, backend.Window{Calendar: backend.Day, Every: 1, Location: ny}
+				case 11:
+					l.Period, l.Window = 30*24*time.Hour, backend.Window{Calendar: backend.Month, Every: 1, Location: tokyo}
+				}
+				if err := l.Validate(); err != nil {
+					t.Fatal(err)
+				}
+				limits[i] = l
 			}
 			ctx := context.Background()
 			read := func() map[string]backend.State {
@@ -299,11 +323,18 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 					case 2, 3:
 						reqs[i].Cost = limits[k].Burst + 1 + rng.Int64N(1<<20)
 					case 4:
-						// Saturates an overdraft key's debt at MaxTolerance.
+						// Saturates an overdraft key's debt at MaxTolerance (a GCRA one, keys 1
+						// and 9, or fixed_window's count).
+						if !limits[k].Overdraft {
+							reqs[i].Key, reqs[i].Limit = keys[1], limits[1]
+						}
 						reqs[i].Cost = 1 << 40
 					case 5:
 						// The rule changed: a debt is re-expressed (and forgiven) under it.
 						reqs[i].Limit.Rate++
+						if reqs[i].Limit.Algorithm != backend.GCRA {
+							reqs[i].Limit.Burst++
+						}
 					case 6, 7:
 						// A check of a key that may be in debt.
 						reqs[i].Cost, reqs[i].Refund = 0, false
@@ -328,7 +359,10 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 					if r.OverdraftCharge() && !want[i].Allowed && wantCharged {
 						overdrawn++
 					}
-					if r.Limit.Overdraft && r.Limit.Rate > 0 && !states[i].Fresh(now) && states[i].TAT-now > r.Limit.Period.Microseconds()*r.Limit.Burst/r.Limit.Rate {
+					if r.Limit.Overdraft && r.Limit.Algorithm == backend.FixedWindow && states[i].Alg == backend.FixedWindow && !states[i].Fresh(now) && states[i].Frac > r.Limit.Rate {
+						debts++
+					}
+					if r.Limit.Overdraft && r.Limit.Algorithm == backend.GCRA && r.Limit.Rate > 0 && !states[i].Fresh(now) && states[i].TAT-now > r.Limit.Period.Microseconds()*r.Limit.Burst/r.Limit.Rate {
 						debts++
 						if states[i].TAT-now >= int64(backend.MaxTolerance/time.Microsecond)-int64(10*time.Minute/time.Microsecond) {
 							saturated++
@@ -378,7 +412,7 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 					_, wd := backend.Decide(w, l, now, 0)
 					_, gd := backend.Decide(g, l, now, 0)
 					exact := wantCharged || len(j(b, reqs)) == 1
-					if (exact && !w.Fresh(now) && g != w) || wd != gd {
+					if (exact && !w.Fresh(now) && !g.Equal(w)) || wd != gd {
 						t.Fatalf("step %d: key %s stored %+v, want %+v (batch %+v, charged %v)", step, keys[k], g, w, reqs, wantCharged)
 					}
 				}

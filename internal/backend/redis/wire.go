@@ -26,10 +26,10 @@ const (
 
 // Sizes, in doubles.
 const (
-	valuesPerKey  = 5 // rate, period, burst, cost, flags
+	valuesPerKey  = 8 // rate, period, burst, cost, flags, and the window: offset or start, end, next end
 	decisionWords = 4 // allowed, remaining, retry_us, reset_us
-	multiWords    = 4 // check remaining, check reset_us, delta_us, delta_frac
-	undoPerKey    = 6 // rate, period, burst, delta_us, delta_frac, overdraft
+	multiWords    = 6 // check remaining, check reset_us, delta_us, delta_frac, removed, removed_at
+	undoPerKey    = 8 // rate, period, burst, delta_us, delta_frac, overdraft + 2×algorithm, removed, removed_at
 	stateBytes    = 32
 )
 
@@ -45,7 +45,7 @@ type call struct {
 	charged bool
 	dec     []backend.Decision // per key
 	check   []int64            // multi: per key remaining, reset µs
-	delta   []int64            // multi: per key µs, frac
+	delta   []int64            // multi: per key µs, frac, and under sliding_log hits removed and when
 	err     error              // the call failed: no reply
 }
 
@@ -62,8 +62,9 @@ func (c *call) reset() {
 	c.err = nil
 }
 
-// add appends a request's key and values to c.
-func (c *call) add(key string, r *backend.Request) {
+// add appends a request's key and values to c. now (µs) is this process's instant, from which
+// the calendar windows around Redis's are computed.
+func (c *call) add(key string, r *backend.Request, now int64) {
 	flags := int64(r.Mode) * 2
 	if r.Refund {
 		flags++
@@ -71,12 +72,23 @@ func (c *call) add(key string, r *backend.Request) {
 	if r.Limit.Overdraft {
 		flags += 8
 	}
+	flags += 16 * int64(r.Limit.Algorithm)
+	// The window: Period-long windows from an offset the script computes itself; calendar
+	// windows (lengths Lua cannot know: time zones, months) as the window holding this
+	// process's now and the next one, from which the script takes the one holding Redis's.
+	var wa, wb, wc int64
+	if w := r.Limit.Window; w.Calendar != backend.NoCalendar {
+		wa, wb = r.Limit.Bounds(now)
+		_, wc = r.Limit.Bounds(wb)
+	} else {
+		wa = w.Offset
+	}
 	// Any cost beyond the burst is denied (or refunds the whole burst), any beyond MaxCharge
 	// overdraws as much, and any below 0 charges nothing, so the clamp changes no result and
 	// keeps the double exact.
 	cost := r.Limit.ClampCost(r.Cost)
 	c.keys = append(c.keys, key)
-	c.vals = appendDoubles(c.vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, cost, flags)
+	c.vals = appendDoubles(c.vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, cost, flags, wa, wb, wc)
 }
 
 // replyBytes is the length of c's reply.
@@ -167,7 +179,7 @@ func decodeDecide(reply string, c *call) error {
 	if c.multi {
 		for range c.keys {
 			c.check = append(c.check, r.next(), r.next())
-			c.delta = append(c.delta, r.next(), r.next())
+			c.delta = append(c.delta, r.next(), r.next(), r.next(), r.next())
 		}
 	}
 	return nil
@@ -192,13 +204,48 @@ func decodeMerged(reply string, calls []*call) error {
 	return nil
 }
 
-// encodeState is the stored form of s.
+// encodeState is the stored form of s: GCRA's four doubles (tat, frac, rate, period); a
+// window's six (algorithm, end, count, previous count, rate, period); a log's five (3, rate,
+// period, entries, hits before the first entry) and its entries (instant, hits admitted up to
+// it since the key's first: cumulative, so that the script finds the live entries by binary
+// search). The algorithm first tells the forms apart: a GCRA TAT is never 1, 2 or 3.
 func encodeState(s backend.State) string {
+	switch s.Alg {
+	case backend.FixedWindow, backend.SlidingWindow:
+		return string(appendDoubles(nil, int64(s.Alg), s.TAT, s.Frac, s.Prev, s.Rate, s.Period))
+	case backend.SlidingLog:
+		b := appendDoubles(nil, 3, s.Rate, s.Period, int64(len(s.Log)/2), 0)
+		cum := int64(0)
+		for i := 0; i+1 < len(s.Log); i += 2 {
+			cum += s.Log[i+1]
+			b = appendDoubles(b, s.Log[i], cum)
+		}
+		return string(b)
+	}
 	return string(appendDoubles(make([]byte, 0, stateBytes), s.TAT, s.Frac, s.Rate, s.Period))
 }
 
 // decodeState reads a stored state; ok is false for a value the script would ignore.
 func decodeState(v string) (s backend.State, ok bool) {
+	if len(v) >= 32 && len(v)%8 == 0 {
+		r := doubles(v)
+		switch alg := r.next(); {
+		case (alg == 1 || alg == 2) && len(v) == 48:
+			return backend.State{Alg: backend.Algorithm(alg), TAT: r.next(), Frac: r.next(), Prev: r.next(), Rate: r.next(), Period: r.next()}, true
+		case alg == 3 && len(v) >= 40:
+			s = backend.State{Alg: backend.SlidingLog, Rate: r.next(), Period: r.next()}
+			n, cum := r.next(), r.next()
+			if n < 0 || int64(len(v)) != 40+16*n {
+				return backend.State{}, false
+			}
+			s.Log = make([]int64, 2*n)
+			for i := 0; i < len(s.Log); i += 2 {
+				t, c := r.next(), r.next()
+				s.Log[i], s.Log[i+1], cum = t, c-cum, c
+			}
+			return s, true
+		}
+	}
 	if len(v) != stateBytes || v[stateBytes-1] <= '9' {
 		return backend.State{}, false // not packed: the text form ends with a digit
 	}

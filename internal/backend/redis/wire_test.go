@@ -43,7 +43,7 @@ func TestWireFormat(t *testing.T) {
 	newCall := func(multi bool, reqs ...backend.Request) *call {
 		c := &call{multi: multi, threshold: 2}
 		for i := range reqs {
-			c.add(fmt.Sprintf("rls:k%d", i), &reqs[i])
+			c.add(fmt.Sprintf("rls:k%d", i), &reqs[i], 0)
 		}
 		return c
 	}
@@ -59,9 +59,31 @@ func TestWireFormat(t *testing.T) {
 			t.Fatalf("args %v, want %v then the values", args[:len(want)], want)
 		}
 		vals := string(args[len(want)].([]byte))
-		wantVals := doublesOf(7, 3e6, 5, 1, 4) + doublesOf(7, 3e6, 5, 6, 3) + doublesOf(7, 3e6, 5, 0, 0)
+		wantVals := doublesOf(7, 3e6, 5, 1, 4, 0, 0, 0) + doublesOf(7, 3e6, 5, 6, 3, 0, 0, 0) + doublesOf(7, 3e6, 5, 0, 0, 0, 0, 0)
 		if vals != wantVals {
 			t.Fatalf("values %x, want %x", vals, wantVals)
+		}
+		// The window algorithms: 16×algorithm in the flags, then the window: the offset of
+		// Period-long windows, or a calendar window holding the instant given and the next.
+		paris, err := time.LoadLocation("Europe/Paris")
+		if err != nil {
+			t.Fatal(err)
+		}
+		week := backend.Limit{Rate: 4, Period: 7 * 24 * time.Hour, Burst: 4, Algorithm: backend.FixedWindow, Window: backend.Window{Offset: 4 * 86400e6}}
+		month := backend.Limit{Rate: 4, Period: 30 * 24 * time.Hour, Burst: 4, Algorithm: backend.FixedWindow, Overdraft: true,
+			Window: backend.Window{Calendar: backend.Month, Every: 1, Location: paris}}
+		log := backend.Limit{Rate: 4, Period: time.Minute, Burst: 4, Algorithm: backend.SlidingLog}
+		w := &call{}
+		at := time.Date(2026, 2, 10, 0, 0, 0, 0, paris).UnixMicro()
+		w.add("a", &backend.Request{Limit: week, Cost: 1}, at)
+		w.add("b", &backend.Request{Limit: month, Cost: 1}, at)
+		w.add("c", &backend.Request{Limit: log, Cost: 2, Refund: true}, at)
+		feb, mar, apr := time.Date(2026, 2, 1, 0, 0, 0, 0, paris), time.Date(2026, 3, 1, 0, 0, 0, 0, paris), time.Date(2026, 4, 1, 0, 0, 0, 0, paris)
+		wantW := doublesOf(4, 7*86400e6, 4, 1, 16, 4*86400e6, 0, 0) +
+			doublesOf(4, 30*86400e6, 4, 1, 8+16, float64(feb.UnixMicro()), float64(mar.UnixMicro()), float64(apr.UnixMicro())) +
+			doublesOf(4, 60e6, 4, 2, 1+48, 0, 0, 0)
+		if string(w.vals) != wantW {
+			t.Fatalf("window values %x, want %x", w.vals, wantW)
 		}
 		if c.multi = true; plain(decideArgs("sha", 5, c))[9] != "1" {
 			t.Fatal("a multi call does not say so")
@@ -99,14 +121,14 @@ func TestWireFormat(t *testing.T) {
 			want: "true [{true 4 0s 428.572ms}] [] []"},
 		{name: "two keys, one denied", n: 2, reply: doublesOf(0, 1, 3, 0, 10, 0, 0, 250000, 1e6),
 			want: "false [{true 3 0s 10µs} {false 0 250ms 1s}] [] []"},
-		{name: "multi", multi: true, n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3),
-			want: "true [{true 4 0s 428.572ms}] [5 0] [428571 3]"},
+		{name: "multi", multi: true, n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, 0, 0),
+			want: "true [{true 4 0s 428.572ms}] [5 0] [428571 3 0 0]"},
 		{name: "short", n: 2, reply: doublesOf(1, 1, 4, 0, 428572),
 			want: "script reply: 40 bytes for 2 keys, want 72"},
 		{name: "not doubles", n: 1, reply: "OK",
 			want: "script reply: 2 bytes for 1 keys, want 40"},
-		{name: "multi reply for a plain call", n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3),
-			want: "script reply: 72 bytes for 1 keys, want 40"},
+		{name: "multi reply for a plain call", n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, 0, 0),
+			want: "script reply: 88 bytes for 1 keys, want 40"},
 	} {
 		t.Run("reply "+tc.name, func(t *testing.T) {
 			c := &call{multi: tc.multi, keys: make([]string, tc.n)}
@@ -143,8 +165,25 @@ func TestWireFormat(t *testing.T) {
 		if v != doublesOf(1_796_000_000_123_456, 6, 7, 3e6) {
 			t.Fatalf("stored %x", v)
 		}
-		if got, ok := decodeState(v); !ok || got != s {
+		if got, ok := decodeState(v); !ok || !got.Equal(s) {
 			t.Fatalf("decoded %+v %v, want %+v", got, ok, s)
+		}
+		for _, tc := range []struct {
+			s    backend.State
+			want string
+		}{
+			{backend.State{Alg: backend.FixedWindow, TAT: 1_796_000_040_000_000, Frac: 3, Rate: 4, Period: 60e6}, doublesOf(1, 1_796_000_040_000_000, 3, 0, 4, 60e6)},
+			{backend.State{Alg: backend.SlidingWindow, TAT: 1_796_000_040_000_000, Frac: 3, Prev: 2, Rate: 4, Period: 60e6}, doublesOf(2, 1_796_000_040_000_000, 3, 2, 4, 60e6)},
+			{backend.State{Alg: backend.SlidingLog, Rate: 4, Period: 60e6, Log: []int64{1_796_000_000_000_001, 2, 1_796_000_000_000_009, 1}},
+				doublesOf(3, 4, 60e6, 2, 0, 1_796_000_000_000_001, 2, 1_796_000_000_000_009, 3)},
+		} {
+			v := encodeState(tc.s)
+			if v != tc.want {
+				t.Fatalf("%v stored %x, want %x", tc.s.Alg, v, tc.want)
+			}
+			if got, ok := decodeState(v); !ok || !got.Equal(tc.s) {
+				t.Fatalf("decoded %+v %v, want %+v", got, ok, tc.s)
+			}
 		}
 		for _, text := range []string{"1796000000123456 6 7 3000000", "1796061026251098 1 54 3600000000"} {
 			if _, ok := decodeState(text); ok {

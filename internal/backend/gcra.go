@@ -85,13 +85,19 @@ func (l Limit) MaxCharge() int64 {
 // ClampCost is the cost Decide counts of cost under l: none below 0; for an overdraft charge
 // at most MaxCharge, otherwise at most Burst+1 (any cost above the burst is denied alike).
 func (l Limit) ClampCost(cost int64) int64 {
-	if l.Overdraft && l.Algorithm == FixedWindow {
-		return min(max(cost, 0), maxWindowCharge)
-	}
+	most := l.Burst + 1
 	if l.Overdraft {
-		return min(max(cost, 0), l.MaxCharge())
+		most = l.maxOverdraftCharge()
 	}
-	return min(max(cost, 0), l.Burst+1)
+	return min(max(cost, 0), most)
+}
+
+// maxOverdraftCharge is the most an overdraft charge under l counts.
+func (l Limit) maxOverdraftCharge() int64 {
+	if l.Algorithm == FixedWindow {
+		return maxWindowCharge
+	}
+	return l.MaxCharge()
 }
 
 // Decision is the outcome of one rate-limit check. The zero value denies.
@@ -127,10 +133,15 @@ type State struct {
 // Fresh reports whether s holds no usage at time now: the key may be forgotten.
 func (s State) Fresh(now int64) bool {
 	if s.Alg != GCRA {
-		return s.Expiry() <= now
+		return windowFresh(&s, now)
 	}
 	return s.TAT < now || (s.TAT == now && s.Frac == 0)
 }
+
+// windowFresh is Fresh under a window algorithm, apart so that GCRA's Fresh is inlined.
+//
+//go:noinline
+func windowFresh(s *State, now int64) bool { return s.Expiry() <= now }
 
 // tick is an exact instant or span: us + frac/rate microseconds, 0 ≤ frac < rate.
 type tick struct{ us, frac int64 }
@@ -311,6 +322,11 @@ func overdraw(s State, tat tick, l Limit, now int64, cost int64) State {
 	if !l.Overdraft || cost <= 0 {
 		return s
 	}
+	return overdrawn(tat, l, now, cost)
+}
+
+// overdrawn is overdraw's charge into debt, apart so that overdraw stays inlined.
+func overdrawn(tat tick, l Limit, now int64, cost int64) State {
 	// room ≥ 0: current never reaches past now + MaxTolerance.
 	room := sub(add(tick{us: now}, maxSpan, l.Rate), tat, l.Rate)
 	if c := interval(cost, l); c.less(room) || c == room {

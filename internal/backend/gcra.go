@@ -275,13 +275,8 @@ func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{RetryAfter: l.Period}
 	}
-	switch l.Algorithm {
-	case FixedWindow:
-		return decideFixed(s, l, now, cost)
-	case SlidingWindow:
-		return decideSliding(s, l, now, cost)
-	case SlidingLog:
-		return decideLog(s, l, now, cost)
+	if w := windowAlg(l.Algorithm); w != nil {
+		return w.decide(s, l, now, cost)
 	}
 	if s.Alg != GCRA {
 		s = State{}
@@ -316,6 +311,27 @@ func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
 	}
 }
 
+// windowOps is how a window algorithm decides and refunds: one entry point per algorithm for
+// Decide and Refund both.
+type windowOps struct {
+	decide, refund func(State, Limit, int64, int64) (State, Decision)
+}
+
+// windowAlgs holds each window algorithm's windowOps, by Algorithm.
+var windowAlgs = [...]windowOps{
+	FixedWindow:   {decideFixed, refundFixed},
+	SlidingWindow: {decideSliding, refundSliding},
+	SlidingLog:    {decideLog, refundLog},
+}
+
+// windowAlg returns a's entry of windowAlgs; nil under GCRA (or an algorithm Validate refuses).
+func windowAlg(a Algorithm) *windowOps {
+	if a == GCRA || int(a) >= len(windowAlgs) {
+		return nil
+	}
+	return &windowAlgs[a]
+}
+
 // overdraw returns the state after a denied charge of cost (0 ≤ cost ≤ l.MaxCharge()) on the
 // TAT tat: s unless l.Overdraft and cost > 0, else tat + cost×T, saturated at now + MaxTolerance.
 func overdraw(s State, tat tick, l Limit, now int64, cost int64) State {
@@ -341,13 +357,8 @@ func Refund(s State, l Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{Allowed: true}
 	}
-	switch l.Algorithm {
-	case FixedWindow:
-		return refundFixed(s, l, now, cost)
-	case SlidingWindow:
-		return refundSliding(s, l, now, cost)
-	case SlidingLog:
-		return refundLog(s, l, now, cost)
+	if w := windowAlg(l.Algorithm); w != nil {
+		return w.refund(s, l, now, cost)
 	}
 	if s.Alg != GCRA {
 		s = State{}

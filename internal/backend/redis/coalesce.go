@@ -109,6 +109,12 @@ func (c *coalescer) do(p *pending, budget time.Duration, done <-chan struct{}) w
 	case <-done:
 		p.timer.Stop()
 		res = canceled
+		// The budget ends before the caller's deadline, but a goroutine scheduled late finds
+		// both ready and select picks either: once the budget has passed, it ran out, whatever
+		// else ended too.
+		if !time.Now().Before(p.deadline) {
+			res = inFlight
+		}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()

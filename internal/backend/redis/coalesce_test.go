@@ -142,6 +142,22 @@ func TestCoalescerAbandon(t *testing.T) {
 	c2.close()
 }
 
+// TestCoalescerBudgetBeforeCancel: a caller whose budget has passed when its context also ended
+// ran out of budget (overload), not canceled, however select picks between the two.
+func TestCoalescerBudgetBeforeCancel(t *testing.T) {
+	f := &fakeSend{hold: make(chan struct{})}
+	c := newCoalescer(f.send, 8, 1)
+	defer func() { close(f.hold); c.close() }()
+	done := make(chan struct{})
+	close(done)
+	for i := range 200 {
+		// A budget of 1ns has passed by the time do selects; done is ready from the start.
+		if res := c.do(pendingFor(fmt.Sprint("k", i)), time.Nanosecond, done); res == canceled {
+			t.Fatalf("call %d: canceled, want its budget reported as run out", i)
+		}
+	}
+}
+
 // TestCoalescerReuse: a pending entry is reused across many decisions, as Decide's pooled jobs
 // are, with no stale wake-up or timer firing into the next use.
 func TestCoalescerReuse(t *testing.T) {

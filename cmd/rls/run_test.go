@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -117,33 +118,59 @@ func (panicky) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3
 	return nil, nil
 }
 
+// TestPanicAnswersInternal checks that the server's interceptors turn a handler's panic into
+// INTERNAL, for unary and streaming calls, and that the server survives it.
 func TestPanicAnswersInternal(t *testing.T) {
-	cfg, err := parseServeFlags(nil, nil, io.Discard)
-	if err != nil {
-		t.Fatal(err)
+	tests := []struct {
+		name     string
+		register func(*grpc.Server)
+		call     func(context.Context, *grpc.ClientConn) error
+	}{
+		{"unary", func(gs *grpc.Server) { rlsv3.RegisterRateLimitServiceServer(gs, panicky{}) },
+			func(ctx context.Context, conn *grpc.ClientConn) error {
+				_, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d"})
+				return err
+			}},
+		{"stream", func(gs *grpc.Server) { rlqspb.RegisterRateLimitQuotaServiceServer(gs, panickyQuota{}) },
+			func(ctx context.Context, conn *grpc.ClientConn) error {
+				s, err := rlqspb.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
+				if err == nil {
+					_, err = s.Recv()
+				}
+				return err
+			}},
 	}
-	gs, err := newGRPCServer(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rlsv3.RegisterRateLimitServiceServer(gs, panicky{})
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go gs.Serve(l)
-	defer gs.Stop()
-	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	c := rlsv3.NewRateLimitServiceClient(conn)
-	for i := range 2 { // the server survives the first panic
-		_, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "d"})
-		if status.Code(err) != codes.Internal {
-			t.Fatalf("call %d: got %v, want Internal", i+1, err)
-		}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg, err := parseServeFlags(nil, nil, io.Discard)
+			if err != nil {
+				t.Fatal(err)
+			}
+			gs, err := newGRPCServer(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			tc.register(gs)
+			l, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			go gs.Serve(l)
+			defer gs.Stop()
+			conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			for i := range 2 { // the server survives the first panic
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				err := tc.call(ctx, conn)
+				cancel()
+				if status.Code(err) != codes.Internal {
+					t.Fatalf("call %d: got %v, want Internal", i+1, err)
+				}
+			}
+		})
 	}
 }
 

@@ -231,7 +231,7 @@ func TestXDSWithoutInitialRules(t *testing.T) {
 			}
 			xs.Set("n1", "1", egConfig(1, rlconfv3.RateLimitUnit_HOUR))
 			xs.WaitACK("1", 20*time.Second)
-			p.waitReady(t)
+			p.WaitReady(t)
 			if code, body := get(t, "http://"+p.HTTPAddr+"/healthcheck"); code != 200 || body != "OK" {
 				t.Errorf("/healthcheck with rules: %d %q", code, body)
 			}
@@ -239,9 +239,7 @@ func TestXDSWithoutInitialRules(t *testing.T) {
 				t.Errorf("1/hour: %d of 3 admitted", got)
 			}
 			// SIGHUP, which reloads rule files, must not end a process whose rules come over xDS.
-			if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-				t.Fatal(err)
-			}
+			p.Signal(t, syscall.SIGHUP)
 			for deadline := time.Now().Add(10 * time.Second); !strings.Contains(p.Output(), "nothing to reload"); time.Sleep(10 * time.Millisecond) {
 				if time.Now().After(deadline) {
 					t.Fatalf("no word of the SIGHUP:\n%s", p.Output())

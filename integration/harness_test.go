@@ -3,13 +3,10 @@ package integration
 
 import (
 	"context"
-	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -34,15 +31,7 @@ func rlsBinary(t testing.TB) string {
 }
 
 // rlsProc is one running rls process.
-type rlsProc struct {
-	GRPCAddr  string
-	HTTPAddr  string // host:port
-	DebugAddr string // host:port of the debug listener; "" when args turned it off
-	cmd       *exec.Cmd
-	out       *rlstest.Buffer
-	done      chan struct{}
-	exitErr   error
-}
+type rlsProc struct{ *rlstest.Proc }
 
 // startRLS starts the rls binary with args (plus --grpc-addr, --http-addr and --debug-addr on
 // loopback port 0 unless args set them, the ports rls then reports having bound), waits until
@@ -52,118 +41,21 @@ type rlsProc struct {
 func startRLS(t testing.TB, env []string, args ...string) *rlsProc {
 	t.Helper()
 	p := launchRLS(t, env, args...)
-	p.waitReady(t)
+	p.WaitReady(t)
 	return p
 }
 
 // launchRLS is startRLS without waiting for readiness: it returns once rls serves.
 func launchRLS(t testing.TB, env []string, args ...string) *rlsProc {
 	t.Helper()
-	bin := rlsBinary(t)
-	p := &rlsProc{out: &rlstest.Buffer{}, done: make(chan struct{})}
 	joined := strings.Join(args, " ")
-	wanted := map[string]*string{}
-	for flag, addr := range map[string]*string{"--grpc-addr": &p.GRPCAddr, "--http-addr": &p.HTTPAddr, "--debug-addr": &p.DebugAddr} {
+	for _, flag := range []string{"--grpc-addr", "--http-addr", "--debug-addr"} {
 		if !strings.Contains(joined, flag) {
 			args = append(args, flag, "127.0.0.1:0")
-			wanted[flag] = addr
 		}
 	}
-	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = append(os.Environ(), env...)
-	p.cmd.Stdout = p.out
-	p.cmd.Stderr = p.out
-	if err := p.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() {
-		p.exitErr = p.cmd.Wait()
-		close(p.done)
-	}()
-	t.Cleanup(func() { p.Stop(t) })
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		select {
-		case <-p.done:
-			t.Fatalf("rls exited early: %v\n%s", p.exitErr, p.out.String())
-		default:
-		}
-		if len(wanted) > 0 {
-			p.boundAddrs(wanted)
-		}
-		if len(wanted) == 0 && strings.Contains(p.out.String(), "rls serving") {
-			return p
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rls not serving after 30s\n%s", p.out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	return &rlsProc{rlstest.Launch(t, rlsBinary(t), env, args...)}
 }
-
-// waitReady waits until /readyz answers 200.
-func (p *rlsProc) waitReady(t testing.TB) {
-	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		select {
-		case <-p.done:
-			t.Fatalf("rls exited early: %v\n%s", p.exitErr, p.out.String())
-		default:
-		}
-		if p.HTTPAddr != "" {
-			resp, err := http.Get("http://" + p.HTTPAddr + "/readyz")
-			if err == nil {
-				resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
-					return
-				}
-			}
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("rls not ready after 30s\n%s", p.out.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// boundAddrs fills the addresses wanted (by flag) from the "rls serving" line once it is out,
-// removing each it found.
-func (p *rlsProc) boundAddrs(wanted map[string]*string) {
-	listener := map[string]string{"--grpc-addr": "grpc", "--http-addr": "http", "--debug-addr": "debug_http"}
-	addrs := rlstest.ServingAddrs(p.out.String())
-	for flag, addr := range wanted {
-		if a, ok := addrs[listener[flag]]; ok {
-			*addr = a
-			delete(wanted, flag)
-		}
-	}
-}
-
-// Stop sends SIGTERM and waits for the process to exit; it fails the test on a non-zero exit.
-func (p *rlsProc) Stop(t testing.TB) {
-	t.Helper()
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(20 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-		t.Errorf("rls did not stop within 20s after SIGTERM\n%s", p.out.String())
-		return
-	}
-	if p.exitErr != nil {
-		t.Errorf("rls exited with %v\n%s", p.exitErr, p.out.String())
-	}
-}
-
-// Output is what the process has printed so far.
-func (p *rlsProc) Output() string { return p.out.String() }
 
 // client dials the process over gRPC.
 func (p *rlsProc) client(t testing.TB) rlsv3.RateLimitServiceClient {

@@ -91,7 +91,7 @@ descriptors:
 		wg.Go(func() {
 			for {
 				select {
-				case <-p.done:
+				case <-p.Done():
 					return
 				default:
 				}
@@ -111,9 +111,7 @@ descriptors:
 	time.Sleep(200 * time.Millisecond)
 
 	sigterm := time.Now()
-	if err := p.cmd.Process.Signal(syscall.SIGTERM); err != nil {
-		t.Fatal(err)
-	}
+	p.Signal(t, syscall.SIGTERM)
 	var flipped time.Time
 	select {
 	case flipped = <-notServing:
@@ -154,8 +152,8 @@ descriptors:
 		t.Errorf("the health checks ended %v after draining began; the delay was not kept", checked.Sub(drain))
 	}
 	select {
-	case <-p.done:
-		t.Fatalf("rls exited with a call in flight: %v\n%s", p.exitErr, p.Output())
+	case <-p.Done():
+		t.Fatalf("rls exited with a call in flight: %v\n%s", p.ExitErr(), p.Output())
 	case <-time.After(100 * time.Millisecond):
 	}
 	if st := open.finishCall(req); st != "0" {
@@ -163,12 +161,12 @@ descriptors:
 	}
 
 	select {
-	case <-p.done:
+	case <-p.Done():
 	case <-time.After(15 * time.Second):
 		t.Fatalf("rls did not exit after draining\n%s", p.Output())
 	}
-	if p.exitErr != nil {
-		t.Errorf("rls exited with %v\n%s", p.exitErr, p.Output())
+	if err := p.ExitErr(); err != nil {
+		t.Errorf("rls exited with %v\n%s", err, p.Output())
 	}
 	if out := p.Output(); strings.Contains(out, "did not finish in time") {
 		t.Errorf("rls forced calls closed:\n%s", out)

@@ -251,8 +251,8 @@ descriptors:
 	t.Logf("%d answers while Redis was down, slowest %v", during, worst)
 	for mode, p := range procs {
 		select {
-		case <-p.done:
-			t.Fatalf("the %s process died: %v\n%s", mode, p.exitErr, p.Output())
+		case <-p.Done():
+			t.Fatalf("the %s process died: %v\n%s", mode, p.ExitErr(), p.Output())
 		default:
 		}
 	}

@@ -245,9 +245,7 @@ func TestHotReloadUnderLoad(t *testing.T) {
 			tmp := filepath.Join(dir, cur, ".edge.yaml.tmp")
 			writeFile(tmp, content)
 			rename(tmp, filepath.Join(dir, cur, "edge.yaml"))
-			if err := p.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-				t.Fatal(err)
-			}
+			p.Signal(t, syscall.SIGHUP)
 		}
 		if step%2 == 1 {
 			awaitGeneration(step, how)

@@ -49,6 +49,10 @@ descriptors:
     rate_limit: {unit: day, requests_per_unit: 1000, overdraft: true}
 `
 
+// clockSlack covers the clocks rls (or Redis) and the test read being distinct and read at
+// different granularities: a bound on a wait derived from the test's clock is off by at most it.
+const clockSlack = 5 * time.Millisecond
+
 // usageBackends are the backends each usage test runs against: memory, and Redis single node
 // and Cluster (each with its own key prefix).
 func usageBackends(t *testing.T) []struct {
@@ -150,6 +154,8 @@ func TestUsageSequence(t *testing.T) {
 			if r := askUsage(t, c, tokensDesc("api_key", "m", 0)); codes_(r) != "OK OK" || r.Statuses[0].LimitRemaining != 1000 {
 				t.Fatalf("first check: %v", r)
 			}
+			// The 800 are charged after reported; the debt is repaid 4.8 s after that instant.
+			reported := time.Now()
 			if r := askUsage(t, c, tokensDesc("api_key", "m", 800)); codes_(r) != "OK OK" {
 				t.Fatalf("report 800: %v", r)
 			}
@@ -157,13 +163,17 @@ func TestUsageSequence(t *testing.T) {
 				t.Fatalf("report 5000: %v, want OVER_LIMIT (and charged)", r)
 			}
 			r := askUsage(t, c, tokensDesc("api_key", "m", 0))
+			since := time.Since(reported)
 			wait := r.Statuses[0].GetDurationUntilReset().AsDuration()
-			// (800 + 5000 - 1000) / 1000 per second = 4.8 s, less the time since the reports.
-			if codes_(r) != "OVER_LIMIT OVER_LIMIT" || r.Statuses[0].LimitRemaining != 0 || wait <= 3800*time.Millisecond || wait > 4800*time.Millisecond {
-				t.Fatalf("check in debt: %s remaining %d until %v, want OVER_LIMIT, 0, within (3.8s, 4.8s]", codes_(r), r.Statuses[0].LimitRemaining, wait)
+			// (800 + 5000 - 1000) / 1000 per second = 4.8 s, less the time since the 800 were
+			// charged, which is at most since.
+			if lo := 4800*time.Millisecond - since - clockSlack; codes_(r) != "OVER_LIMIT OVER_LIMIT" || r.Statuses[0].LimitRemaining != 0 || wait < lo || wait > 4800*time.Millisecond {
+				t.Fatalf("check in debt %v after the reports: %s remaining %d until %v, want OVER_LIMIT, 0, within [%v, 4.8s]", since, codes_(r), r.Statuses[0].LimitRemaining, wait, lo)
 			}
-			if st := inspectOne(t, p, "api_key=k1,model=m"); !st.InDebt || st.Remaining != 0 || st.Debt <= 3800 || st.Debt > 4800 || st.RepaidAfter > 4.8 {
-				t.Fatalf("inspect in debt: %+v", st)
+			st := inspectOne(t, p, "api_key=k1,model=m")
+			since = time.Since(reported)
+			if lo := 4800 - (since + clockSlack).Milliseconds(); !st.InDebt || st.Remaining != 0 || st.Debt < lo || st.Debt > 4800 || st.RepaidAfter > 4.8 {
+				t.Fatalf("inspect in debt %v after the reports: %+v, want a debt within [%d, 4800]", since, st, lo)
 			}
 			// A request with hits while in debt is denied too (and, as a report would be, charged).
 			if r := askUsage(t, c, d("api_key", "k1", "model", "m")); codes_(r) != "OVER_LIMIT OVER_LIMIT" {
@@ -436,19 +446,26 @@ func TestEnvoyTokenDescriptors(t *testing.T) {
 			t.Fatalf("check: %v", r)
 		}
 	}
+	// 1000 a minute: a token comes back every 60 ms after the 800 are charged, after reported.
+	const perToken = 60 * time.Millisecond
+	reported := time.Now()
 	if r := send(derive(req, true, usage(800))); r.GetOverallCode() != rlsv3.RateLimitResponse_OK {
 		t.Fatalf("report 800: %v", r)
 	}
-	if r := send(check); r.GetOverallCode() != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining < 200 || r.Statuses[0].LimitRemaining > 201 {
-		t.Fatalf("check after 800: %v", r)
+	r := send(check)
+	since := time.Since(reported)
+	if hi := 200 + uint32((since+clockSlack)/perToken); r.GetOverallCode() != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining < 200 || r.Statuses[0].LimitRemaining > hi {
+		t.Fatalf("check %v after 800: %v, want OK with 200 to %d remaining", since, r, hi)
 	}
 	// Envoy ignores the answer to a stream-done call; rls charges it.
 	send(derive(req, true, usage(5000)))
-	r := send(check)
-	// Envoy answers 429 for OVER_LIMIT, with Retry-After from duration_until_reset in seconds.
+	r = send(check)
+	since = time.Since(reported)
+	// Envoy answers 429 for OVER_LIMIT, with Retry-After from duration_until_reset in seconds:
+	// 4.8 minutes from the 800's charge, less the time since, which is at most since.
 	retry := r.Statuses[0].GetDurationUntilReset().AsDuration()
-	if r.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || r.Statuses[0].LimitRemaining != 0 || retry <= 286*time.Second || retry > 288*time.Second {
-		t.Fatalf("check in debt: %v, want OVER_LIMIT, remaining 0 and a wait within (286s, 288s] (4.8 minutes)", r)
+	if lo := 288*time.Second - since - clockSlack; r.GetOverallCode() != rlsv3.RateLimitResponse_OVER_LIMIT || r.Statuses[0].LimitRemaining != 0 || retry < lo || retry > 288*time.Second {
+		t.Fatalf("check in debt %v after the report of 800: %v, want OVER_LIMIT, remaining 0 and a wait within [%v, 288s] (4.8 minutes)", since, r, lo)
 	}
 	other := derive(httpRequest{method: "POST", path: "/v1/chat/completions"}.with("x-api-key", "k2").with("x-ai-model", "gpt"), false, nil)
 	if r := send(other); r.GetOverallCode() != rlsv3.RateLimitResponse_OK || r.Statuses[0].LimitRemaining != 1000 {

@@ -135,8 +135,9 @@ type Options struct {
 
 // Proc is one running rls process.
 type Proc struct {
-	GRPCAddr string // host:port
-	HTTPAddr string // host:port
+	GRPCAddr  string // host:port
+	HTTPAddr  string // host:port
+	DebugAddr string // host:port of the debug listener; "" when it is off
 
 	cmd     *exec.Cmd
 	out     *Buffer
@@ -150,7 +151,6 @@ type Proc struct {
 // test ends. It fails the test when rls exits early or is not ready within 30 s.
 func Start(t testing.TB, opts Options) *Proc {
 	t.Helper()
-	bin := Binary(t)
 	args := append([]string(nil), opts.Args...)
 	joined := strings.Join(args, " ")
 	if opts.Rules != "" && !strings.Contains(joined, "--config") {
@@ -169,9 +169,19 @@ func Start(t testing.TB, opts Options) *Proc {
 		args = append(args, "--debug-addr", "")
 	}
 	args = append(args, "--log-format", "text")
+	p := Launch(t, Binary(t), opts.Env, args...)
+	p.WaitReady(t)
+	return p
+}
+
+// Launch runs the rls binary bin with args, env added to the process environment, and stops
+// it when the test ends. It returns once rls has logged "rls serving", with the addresses that
+// line reports; it fails the test when rls exits before or does not serve within 30 s.
+func Launch(t testing.TB, bin string, env []string, args ...string) *Proc {
+	t.Helper()
 	p := &Proc{out: &Buffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = append(os.Environ(), opts.Env...)
+	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout = p.out
 	p.cmd.Stderr = p.out
 	if err := p.cmd.Start(); err != nil {
@@ -182,6 +192,27 @@ func Start(t testing.TB, opts Options) *Proc {
 		close(p.done)
 	}()
 	t.Cleanup(func() { p.Stop(t) })
+	p.await(t, "serving", func() bool {
+		addrs := ServingAddrs(p.out.String())
+		if len(addrs) == 0 {
+			return false
+		}
+		p.GRPCAddr, p.HTTPAddr, p.DebugAddr = addrs["grpc"], addrs["http"], addrs["debug_http"]
+		return true
+	})
+	return p
+}
+
+// WaitReady waits until /readyz answers 200; it fails the test when rls exits before or is not
+// ready within 30 s.
+func (p *Proc) WaitReady(t testing.TB) {
+	t.Helper()
+	p.await(t, "ready", p.ready)
+}
+
+// await polls cond until it holds, failing the test when the process exits first or after 30 s.
+func (p *Proc) await(t testing.TB, what string, cond func() bool) {
+	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		select {
@@ -189,25 +220,20 @@ func Start(t testing.TB, opts Options) *Proc {
 			t.Fatalf("rls exited early: %v\n%s", p.exitErr, p.out.String())
 		default:
 		}
-		if p.GRPCAddr == "" || p.HTTPAddr == "" {
-			p.readAddrs()
-		}
-		if p.HTTPAddr != "" && p.GRPCAddr != "" && p.ready() {
-			return p
+		if cond() {
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("rls not ready after 30s\n%s", p.out.String())
+			t.Fatalf("rls not %s after 30s\n%s", what, p.out.String())
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
 }
 
-func (p *Proc) readAddrs() {
-	addrs := ServingAddrs(p.out.String())
-	p.GRPCAddr, p.HTTPAddr = addrs["grpc"], addrs["http"]
-}
-
 func (p *Proc) ready() bool {
+	if p.HTTPAddr == "" {
+		return false
+	}
 	c := http.Client{Timeout: time.Second}
 	resp, err := c.Get("http://" + p.HTTPAddr + "/readyz")
 	if err != nil {
@@ -215,6 +241,23 @@ func (p *Proc) ready() bool {
 	}
 	resp.Body.Close()
 	return resp.StatusCode == http.StatusOK
+}
+
+// Signal sends sig to the process.
+func (p *Proc) Signal(t testing.TB, sig os.Signal) {
+	t.Helper()
+	if err := p.cmd.Process.Signal(sig); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Done is closed once the process has exited; ExitErr then says how.
+func (p *Proc) Done() <-chan struct{} { return p.done }
+
+// ExitErr is the process's exit error (nil for a zero exit), once Done is closed.
+func (p *Proc) ExitErr() error {
+	<-p.done
+	return p.exitErr
 }
 
 // Pause stops the process with SIGSTOP: it keeps its sockets open and answers nothing, like a

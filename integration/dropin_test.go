@@ -27,6 +27,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/internal/redistest"
+	"github.com/rls-project/rls/internal/rlstest"
 	"github.com/rls-project/rls/internal/xdstest"
 )
 
@@ -354,16 +355,7 @@ func TestRatelimitRedisCluster(t *testing.T) {
 // sets them for a Redis that requires client certificates, against a real redis-server over TLS.
 func TestRatelimitRedisTLS(t *testing.T) {
 	pki := newTestPKI(t, "localhost")
-	port := redistest.FreePort(t)
-	srv := exec.Command("redis-server", "--port", "0", "--tls-port", fmt.Sprint(port), "--bind", "127.0.0.1",
-		"--tls-cert-file", pki.serverCert, "--tls-key-file", pki.serverKey, "--tls-ca-cert-file", pki.caFile,
-		"--tls-auth-clients", "yes", "--save", "", "--appendonly", "no")
-	out := &strings.Builder{}
-	srv.Stdout, srv.Stderr = out, out
-	if err := srv.Start(); err != nil {
-		t.Fatalf("redis-server: %v (install Debian's redis-server package)", err)
-	}
-	t.Cleanup(func() { srv.Process.Kill(); srv.Wait() })
+	port := startTLSRedis(t, pki)
 	dir := writeRules(t, map[string]string{"t.yaml": "domain: tls\ndescriptors:\n  - key: user\n    rate_limit: {unit: hour, requests_per_unit: 2}\n"})
 	env := []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=localhost:" + fmt.Sprint(port), "REDIS_TLS=true",
 		"REDIS_TLS_CLIENT_CERT=" + pki.clientCert, "REDIS_TLS_CLIENT_KEY=" + pki.clientKey, "REDIS_TLS_CACERT=" + pki.caFile,
@@ -400,4 +392,45 @@ func TestRatelimitRedisTLS(t *testing.T) {
 	if code, body := get(t, "http://"+bad.HTTPAddr+"/healthcheck"); code != 500 {
 		t.Errorf("without a client certificate: /healthcheck %d %q, want 500", code, body)
 	}
+}
+
+// startTLSRedis starts a redis-server that serves TLS only, requiring client certificates from
+// pki's CA, and returns its port. A port picked free may be taken before redis-server binds it,
+// so it tries again on another; readiness is read from the server's log, since a plain TCP
+// probe cannot tell a TLS-only server is up.
+func startTLSRedis(t *testing.T, pki *testPKI) int {
+	t.Helper()
+	for attempt := 0; attempt < 5; attempt++ {
+		port := redistest.FreePort(t)
+		srv := exec.Command("redis-server", "--port", "0", "--tls-port", fmt.Sprint(port), "--bind", "127.0.0.1",
+			"--tls-cert-file", pki.serverCert, "--tls-key-file", pki.serverKey, "--tls-ca-cert-file", pki.caFile,
+			"--tls-auth-clients", "yes", "--save", "", "--appendonly", "no")
+		out := &rlstest.Buffer{}
+		srv.Stdout, srv.Stderr = out, out
+		if err := srv.Start(); err != nil {
+			t.Fatalf("redis-server: %v (install Debian's redis-server package)", err)
+		}
+		exited := make(chan struct{})
+		go func() { srv.Wait(); close(exited) }()
+		deadline := time.After(10 * time.Second)
+		for gone := false; !gone; {
+			select {
+			case <-exited:
+				t.Logf("redis-server on port %d exited (retrying on another):\n%s", port, out.String())
+				gone = true
+				continue
+			case <-deadline:
+				srv.Process.Kill()
+				<-exited
+				t.Fatalf("redis-server on port %d not ready within 10s:\n%s", port, out.String())
+			case <-time.After(10 * time.Millisecond):
+			}
+			if strings.Contains(out.String(), "Ready to accept connections") {
+				t.Cleanup(func() { srv.Process.Kill(); <-exited })
+				return port
+			}
+		}
+	}
+	t.Fatal("redis-server over TLS did not start on any of 5 ports")
+	return 0
 }

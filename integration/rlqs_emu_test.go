@@ -1,10 +1,12 @@
 package integration
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -105,6 +107,15 @@ type emuProxy struct {
 	lastRep time.Time
 	wants   chan struct{} // the first request of the bucket asks for an immediate report
 	started bool
+	applied []assignment // every assignment as it arrived
+}
+
+// assignment is an assignment as a proxy applied it: at, since the start, its fill rate per second
+// until expires (since the start).
+type assignment struct {
+	proxy       int
+	at, expires time.Duration
+	rate        float64
 }
 
 // advanceLocked offers the requests arriving in (p.last, now]. p.mu must be held.
@@ -147,11 +158,34 @@ type phase struct {
 	Demand []float64
 }
 
-// emuResult is what a run measured: admitted requests per slot of emuSlot, and every proxy's
-// assigned rate at every tick.
+// emuResult is what a run measured: admitted requests per slot of emuSlot, every proxy's
+// assigned rate at every tick, and every assignment as it arrived, in order.
 type emuResult struct {
-	slots  []float64
-	shares []shareSample
+	slots   []float64
+	shares  []shareSample
+	applied []assignment
+}
+
+// firstHolding returns the first instant at or after from when the proxies of idx hold rates
+// summing to at least want, from the assignments as they arrived; -1 if never.
+func (r emuResult) firstHolding(from time.Duration, idx []int, want float64) time.Duration {
+	cur := map[int]assignment{}
+	for _, a := range r.applied {
+		cur[a.proxy] = a
+		if a.at < from {
+			continue
+		}
+		sum := 0.0
+		for _, i := range idx {
+			if c, ok := cur[i]; ok && c.expires > a.at {
+				sum += c.rate
+			}
+		}
+		if sum >= want {
+			return a.at
+		}
+	}
+	return -1
 }
 
 type shareSample struct {
@@ -289,7 +323,9 @@ func (r rlqsRun) run(t *testing.T, addrs []string, proxies int) emuResult {
 				for _, p := range ps {
 					p.mu.Lock()
 					defer p.mu.Unlock()
+					res.applied = append(res.applied, p.applied...)
 				}
+				slices.SortStableFunc(res.applied, func(a, b assignment) int { return cmp.Compare(a.at, b.at) })
 				res.slots = merge(ps, r.total)
 				return res
 			}
@@ -326,6 +362,8 @@ func (r rlqsRun) proxy(ctx context.Context, c rlqspb.RateLimitQuotaServiceClient
 			for _, a := range resp.GetBucketAction() {
 				if qa := a.GetQuotaAssignmentAction(); qa != nil && proto.Equal(a.GetBucketId(), id) {
 					p.lim.apply(qa.GetRateLimitStrategy(), qa.GetAssignmentTimeToLive(), now)
+					p.applied = append(p.applied, assignment{proxy: p.index, at: now.Sub(p.start),
+						expires: p.lim.expires.Sub(p.start), rate: p.lim.rate(now)})
 				}
 			}
 			p.mu.Unlock()

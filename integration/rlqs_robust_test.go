@@ -20,6 +20,8 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/rls-project/rls/internal/redistest"
 )
 
 func rlqsClient(t testing.TB, addr string) rlqspb.RateLimitQuotaServiceClient {
@@ -383,4 +385,77 @@ func getJSON(t *testing.T, url string, v any) {
 	if err := json.Unmarshal(body, v); err != nil {
 		t.Fatalf("%s: %v\n%s", url, err, body)
 	}
+}
+
+// TestRLQSReleaseWakes: a proxy waiting for room gets its share as soon as another proxy's share
+// shrinks, without reporting again and with no tick to wait for (--rlqs-tick 1h); with two
+// replicas on one Redis, across replicas too (Redis PUBLISH).
+func TestRLQSReleaseWakes(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	args := []string{"--config", rules, "--rlqs-tick", "1h"}
+	t.Run("one replica", func(t *testing.T) {
+		t.Parallel()
+		p := startRLS(t, nil, args...)
+		releaseWakes(t, p.GRPCAddr, p.GRPCAddr)
+	})
+	t.Run("two replicas on one redis", func(t *testing.T) {
+		t.Parallel()
+		url := redistest.URL(t, redistest.SingleEnv)
+		prefix := fmt.Sprintf("rlqs-wake-%d:", time.Now().UnixNano())
+		ra := append([]string{"--backend", "redis", "--redis-url", url, "--redis-key-prefix", prefix}, args...)
+		a, b := startRLS(t, nil, ra...), startRLS(t, nil, ra...)
+		releaseWakes(t, a.GRPCAddr, b.GRPCAddr)
+	})
+}
+
+// releaseWakes: proxy A alone takes nearly the whole limit; proxy B (on addrB) reports the same
+// demand and gets nothing yet, A holding it all; A reports again and shrinks to half; B must then
+// receive its half unasked.
+func releaseWakes(t *testing.T, addrA, addrB string) {
+	t.Helper()
+	bucket := map[string]string{"api_key": "shared"}
+	report := func(n uint64) *rlqspb.RateLimitQuotaUsageReports {
+		return &rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs",
+			BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(bucket, n, n, time.Second)}}
+	}
+	rate := func(s *typev3.RateLimitStrategy) uint32 { return s.GetTokenBucket().GetTokensPerFill().GetValue() }
+	sa, err := rlqsClient(t, addrA).StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := rate(exchange(t, sa, report(2000))); got != 969 {
+		t.Fatalf("A alone: rate %d, want 969", got)
+	}
+	sb, err := rlqsClient(t, addrB).StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := exchange(t, sb, report(2000)); got.GetBlanketRule() != typev3.RateLimitStrategy_DENY_ALL {
+		t.Fatalf("B while A holds everything: %v, want DENY_ALL", got)
+	}
+	if got := rate(exchange(t, sa, report(2000))); got > 500 {
+		t.Fatalf("A beside B: rate %d, want about half of 969", got)
+	}
+	type recv struct {
+		resp *rlqspb.RateLimitQuotaResponse
+		err  error
+	}
+	got := make(chan recv, 1)
+	go func() {
+		resp, err := sb.Recv()
+		got <- recv{resp, err}
+	}()
+	select {
+	case r := <-got:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+		if n := rate(r.resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy()); n < 450 {
+			t.Errorf("B woken with rate %d, want about half of 969", n)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("B got nothing within 5 s of A releasing room: not woken")
+	}
+	sa.CloseSend()
+	sb.CloseSend()
 }

@@ -89,9 +89,9 @@ descriptors:
 	<-served
 	// Every handler has returned; what a stream left behind would still be running or registered.
 	s.mu.Lock()
-	n := len(s.streams)
+	n, nb := len(s.streams), len(s.byBucket)
 	s.mu.Unlock()
-	if n != 0 {
-		t.Errorf("%d streams still registered", n)
+	if n != 0 || nb != 0 {
+		t.Errorf("%d streams and %d buckets' stream sets still registered", n, nb)
 	}
 }

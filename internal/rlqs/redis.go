@@ -19,7 +19,10 @@ type Redis struct {
 	prefix string
 }
 
-var _ Store = (*Redis)(nil)
+var (
+	_ Store     = (*Redis)(nil)
+	_ Announcer = (*Redis)(nil)
+)
 
 // NewRedis returns a Store on rdb, whose keys start with prefix. Close closes rdb.
 func NewRedis(rdb goredis.UniversalClient, prefix string) *Redis {
@@ -134,6 +137,37 @@ func (r *Redis) Peek(ctx context.Context, bucket string) (map[string]proxyState,
 
 // Close implements Store.
 func (r *Redis) Close() error { return r.rdb.Close() }
+
+// channel is where the replicas announce shares released (PUBLISH reaches every node of a Cluster).
+func (r *Redis) channel() string { return r.prefix + "rlqs:released" }
+
+// Announce implements Announcer: one PUBLISH of "from bucket".
+func (r *Redis) Announce(ctx context.Context, from, bucket string) error {
+	if err := r.rdb.Publish(ctx, r.channel(), from+" "+bucket).Err(); err != nil {
+		return fmt.Errorf("rlqs: redis: %w", err)
+	}
+	return nil
+}
+
+// Listen implements Announcer with a subscription, which go-redis renews when its connection fails.
+func (r *Redis) Listen(ctx context.Context, fn func(from, bucket string)) {
+	ps := r.rdb.Subscribe(ctx, r.channel())
+	defer ps.Close()
+	ch := ps.Channel()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case m, ok := <-ch:
+			if !ok {
+				return
+			}
+			if from, bucket, ok := strings.Cut(m.Payload, " "); ok {
+				fn(from, bucket)
+			}
+		}
+	}
+}
 
 // encodeProxy writes a proxy's state as "demand seenUntil rate burst holdUntil".
 func encodeProxy(p *proxyState) string {

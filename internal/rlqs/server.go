@@ -69,8 +69,12 @@ type Server struct {
 	replica    string
 	seq        atomic.Uint64
 
-	mu      sync.Mutex
-	streams map[*stream]struct{}
+	mu       sync.Mutex
+	streams  map[*stream]struct{}
+	byBucket map[string]map[*stream]struct{} // the streams that reported each bucket
+
+	stopListen context.CancelFunc // ends the store's Listen, when it has one
+	listening  chan struct{}      // closed when Listen returned
 
 	requests *prometheus.CounterVec // domain, rule, outcome
 	rejected *prometheus.CounterVec // reason
@@ -96,6 +100,7 @@ func New(opts Options) (*Server, error) {
 	s := &Server{
 		rules: opts.Rules, store: opts.Store, ttl: opts.TTL, tick: opts.Tick, maxBuckets: opts.MaxBuckets,
 		log: opts.Logger, now: opts.Now, replica: hex.EncodeToString(id[:]), streams: map[*stream]struct{}{},
+		byBucket: map[string]map[*stream]struct{}{},
 	}
 	if s.store == nil {
 		s.store = NewMemory()
@@ -135,11 +140,29 @@ func New(opts Options) (*Server, error) {
 			}
 		}
 	}
+	if a, ok := s.store.(Announcer); ok {
+		ctx, cancel := context.WithCancel(context.Background())
+		s.stopListen, s.listening = cancel, make(chan struct{})
+		go func() {
+			defer close(s.listening)
+			a.Listen(ctx, func(from, bucket string) {
+				if from != s.replica {
+					s.wake(bucket, nil)
+				}
+			})
+		}()
+	}
 	return s, nil
 }
 
-// Close closes the store.
-func (s *Server) Close() error { return s.store.Close() }
+// Close stops listening to other replicas and closes the store.
+func (s *Server) Close() error {
+	if s.stopListen != nil {
+		s.stopListen()
+		<-s.listening
+	}
+	return s.store.Close()
+}
 
 // stream is one proxy's stream: the proxy, as far as rls can tell.
 type stream struct {
@@ -150,6 +173,11 @@ type stream struct {
 	domain  string
 	buckets map[string]*streamBucket
 	failing bool // the store failed last time: logged once until it recovers
+
+	// wake (capacity 1) tells the handler that another proxy released room in the buckets of
+	// pending (guarded by mu), to be decided again now rather than at the next tick.
+	wake    chan struct{}
+	pending map[string]bool
 }
 
 // streamBucket is one bucket of a stream.
@@ -173,7 +201,8 @@ type streamBucket struct {
 // streams).
 func (s *Server) StreamRateLimitQuotas(ss rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
 	ctx := ss.Context()
-	st := &stream{id: s.replica + "-" + strconv.FormatUint(s.seq.Add(1), 10), started: s.now(), buckets: map[string]*streamBucket{}}
+	st := &stream{id: s.replica + "-" + strconv.FormatUint(s.seq.Add(1), 10), started: s.now(), buckets: map[string]*streamBucket{},
+		wake: make(chan struct{}, 1), pending: map[string]bool{}}
 	s.opened.Inc()
 	s.mu.Lock()
 	s.streams[st] = struct{}{}
@@ -207,7 +236,18 @@ func (s *Server) StreamRateLimitQuotas(ss rlqspb.RateLimitQuotaService_StreamRat
 				return err
 			}
 		case <-tick.C:
-			if err := s.refresh(ctx, ss, st); err != nil {
+			if err := s.refresh(ctx, ss, st, nil); err != nil {
+				return err
+			}
+		case <-st.wake:
+			st.mu.Lock()
+			keys := make([]string, 0, len(st.pending))
+			for k := range st.pending {
+				keys = append(keys, k)
+			}
+			clear(st.pending)
+			st.mu.Unlock()
+			if err := s.refresh(ctx, ss, st, keys); err != nil {
 				return err
 			}
 		case err := <-recvErr:
@@ -226,6 +266,14 @@ func (s *Server) StreamRateLimitQuotas(ss rlqspb.RateLimitQuotaService_StreamRat
 func (s *Server) leave(st *stream) {
 	s.mu.Lock()
 	delete(s.streams, st)
+	for key := range st.buckets { // only this goroutine writes st.buckets
+		if set := s.byBucket[key]; set != nil {
+			delete(set, st)
+			if len(set) == 0 {
+				delete(s.byBucket, key)
+			}
+		}
+	}
 	s.mu.Unlock()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
@@ -305,6 +353,8 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 		upds = append(upds, upd{key: key, id: id, proto: u.GetBucketId(), demand: n / elapsed.Seconds(), u: u})
 	}
 	rs := s.rules()
+	var added []string
+	defer func() { s.subscribe(st, added) }()
 	st.mu.Lock()
 	for _, up := range upds {
 		b := st.buckets[up.key]
@@ -316,6 +366,7 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 			}
 			b = &streamBucket{id: up.id, proto: up.proto}
 			st.buckets[up.key] = b
+			added = append(added, up.key)
 		}
 		b.demand, b.lastReport = up.demand, now
 		s.rematch(b, rs, domain)
@@ -324,45 +375,109 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 		s.requests.WithLabelValues(domain, rule, "denied").Add(float64(up.u.GetNumRequestsDenied()))
 	}
 	st.mu.Unlock()
-	var actions []*rlqspb.RateLimitQuotaResponse_BucketAction
+	keys := make([]string, 0, len(upds))
 	seen := map[string]bool{}
 	for _, up := range upds {
-		if seen[up.key] {
-			continue
-		}
-		seen[up.key] = true
-		if a := s.decide(ctx, st, up.key, true, now); a != nil {
-			actions = append(actions, a)
+		if !seen[up.key] {
+			seen[up.key] = true
+			keys = append(keys, up.key)
 		}
 	}
-	return s.send(ss, actions)
+	return s.decideAll(ctx, ss, st, keys, true, now)
 }
 
-// refresh decides the stream's shares again and sends those that changed.
-func (s *Server) refresh(ctx context.Context, ss rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer, st *stream) error {
+// refresh decides the shares of keys (nil: all the stream's buckets) again and sends those that
+// changed.
+func (s *Server) refresh(ctx context.Context, ss rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer, st *stream, keys []string) error {
 	now := s.now()
 	rs := s.rules()
 	st.mu.Lock()
-	keys := make([]string, 0, len(st.buckets))
-	for k, b := range st.buckets {
-		s.rematch(b, rs, st.domain)
-		keys = append(keys, k)
-	}
-	st.mu.Unlock()
-	var actions []*rlqspb.RateLimitQuotaResponse_BucketAction
-	for _, k := range keys {
-		if a := s.decide(ctx, st, k, false, now); a != nil {
-			actions = append(actions, a)
+	if keys == nil {
+		keys = make([]string, 0, len(st.buckets))
+		for k := range st.buckets {
+			keys = append(keys, k)
 		}
 	}
-	return s.send(ss, actions)
+	for _, k := range keys {
+		if b := st.buckets[k]; b != nil {
+			s.rematch(b, rs, st.domain)
+		}
+	}
+	st.mu.Unlock()
+	return s.decideAll(ctx, ss, st, keys, false, now)
 }
 
-func (s *Server) send(ss rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer, actions []*rlqspb.RateLimitQuotaResponse_BucketAction) error {
-	if len(actions) == 0 {
-		return nil
+// decideAll decides the shares of keys, sends those to send in one response, and then tells the
+// other proxies of the buckets where this one released room.
+func (s *Server) decideAll(ctx context.Context, ss rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer, st *stream, keys []string, force bool, now time.Time) error {
+	var actions []*rlqspb.RateLimitQuotaResponse_BucketAction
+	var released []string
+	for _, k := range keys {
+		a, rel := s.decide(ctx, st, k, force, now)
+		if a != nil {
+			actions = append(actions, a)
+		}
+		if rel {
+			released = append(released, k)
+		}
 	}
-	return ss.Send(&rlqspb.RateLimitQuotaResponse{BucketAction: actions})
+	if len(actions) > 0 {
+		if err := ss.Send(&rlqspb.RateLimitQuotaResponse{BucketAction: actions}); err != nil {
+			return err
+		}
+	}
+	for _, k := range released {
+		s.wake(k, st)
+		if a, ok := s.store.(Announcer); ok {
+			if err := a.Announce(ctx, s.replica, k); err != nil {
+				s.log.Debug("rlqs: could not tell the other replicas of a share released; their proxies get it at their next tick", "err", err)
+			}
+		}
+	}
+	return nil
+}
+
+// subscribe records that st reports the buckets keys, for wake.
+func (s *Server) subscribe(st *stream, keys []string) {
+	if len(keys) == 0 {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, open := s.streams[st]; !open {
+		return
+	}
+	for _, k := range keys {
+		set := s.byBucket[k]
+		if set == nil {
+			set = map[*stream]struct{}{}
+			s.byBucket[k] = set
+		}
+		set[st] = struct{}{}
+	}
+}
+
+// wake has every stream of this replica that reports bucket, but except, decide its share of it
+// again now: a proxy released room that another may be waiting for. Without it they would take
+// the room at their next tick.
+func (s *Server) wake(bucket string, except *stream) {
+	s.mu.Lock()
+	var sts []*stream
+	for st := range s.byBucket[bucket] {
+		if st != except {
+			sts = append(sts, st)
+		}
+	}
+	s.mu.Unlock()
+	for _, st := range sts {
+		st.mu.Lock()
+		st.pending[bucket] = true
+		st.mu.Unlock()
+		select {
+		case st.wake <- struct{}{}:
+		default: // already woken: it takes pending whole
+		}
+	}
 }
 
 // rematch matches b's rule again when the rule set changed. st.mu must be held.
@@ -374,17 +489,22 @@ func (s *Server) rematch(b *streamBucket, rs *descriptors.RuleSet, domain string
 	b.rules, b.pol = rs, policyOf(r)
 }
 
-// decide returns the action for one bucket of st, or nil when there is nothing to send. force:
-// the bucket was just reported and gets an answer.
-func (s *Server) decide(ctx context.Context, st *stream, key string, force bool, now time.Time) *rlqspb.RateLimitQuotaResponse_BucketAction {
+// decide returns the action for one bucket of st, or nil when there is nothing to send, and
+// whether the proxy now holds a smaller share of it than before (room released for the others).
+// force: the bucket was just reported and gets an answer.
+func (s *Server) decide(ctx context.Context, st *stream, key string, force bool, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, bool) {
 	st.mu.Lock()
 	b := st.buckets[key]
-	pol, demand, wasAllowAll, sent := b.pol, b.demand, b.allowAll, b.sent
+	if b == nil {
+		st.mu.Unlock()
+		return nil, false
+	}
+	pol, demand, wasAllowAll, sent, held := b.pol, b.demand, b.allowAll, b.sent, b.share
 	st.mu.Unlock()
 	ttlMs := s.ttl.Milliseconds()
 	if pol.allowAll {
 		if !force && sent && wasAllowAll {
-			return nil
+			return nil, false
 		}
 		if sent && !wasAllowAll {
 			// It had a share under a rule that no longer limits it.
@@ -393,7 +513,7 @@ func (s *Server) decide(ctx context.Context, st *stream, key string, force bool,
 		st.mu.Lock()
 		b.sent, b.allowAll, b.share, b.sentAt = true, true, Share{}, now
 		st.mu.Unlock()
-		return s.action(b.proto, blanket(typev3.RateLimitStrategy_ALLOW_ALL))
+		return s.action(b.proto, blanket(typev3.RateLimitStrategy_ALLOW_ALL)), false
 	}
 	var report *float64
 	if force {
@@ -408,17 +528,17 @@ func (s *Server) decide(ctx context.Context, st *stream, key string, force bool,
 			s.log.Warn("rlqs: deciding shares failed; proxies keep their assignments until they expire", "err", err)
 		}
 		st.failing = true
-		return nil
+		return nil, false
 	}
 	if st.failing {
 		s.log.Info("rlqs: deciding shares again")
 		st.failing = false
 	}
 	if !send && !(sent && wasAllowAll) {
-		return nil
+		return nil, false
 	}
 	b.sent, b.allowAll, b.share, b.sentAt = true, false, share, now
-	return s.action(b.proto, strategyFor(share, pol.lim))
+	return s.action(b.proto, strategyFor(share, pol.lim)), sent && !wasAllowAll && share.Rate < held.Rate
 }
 
 func (s *Server) action(id *rlqspb.BucketId, strat *typev3.RateLimitStrategy) *rlqspb.RateLimitQuotaResponse_BucketAction {

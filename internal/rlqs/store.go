@@ -21,6 +21,17 @@ type Store interface {
 	Close() error
 }
 
+// Announcer is a Store shared by replicas that also carries word of shares released: a replica
+// announces the buckets where a proxy's share shrank, and every replica listening wakes its own
+// proxies of the bucket, which would otherwise take the room at their next tick.
+type Announcer interface {
+	// Announce tells the replicas listening that a share of bucket was released by replica from.
+	Announce(ctx context.Context, from, bucket string) error
+	// Listen calls fn with every announcement, its own too, until ctx ends. It keeps listening
+	// through connection failures.
+	Listen(ctx context.Context, fn func(from, bucket string))
+}
+
 // Memory is a Store in this process. It is safe for concurrent use.
 type Memory struct {
 	mu        sync.Mutex

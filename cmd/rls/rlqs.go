@@ -35,7 +35,7 @@ func rlqsFlags(fs *flag.FlagSet) *rlqsConfig {
 	fs.DurationVar(&rc.ttl, "rlqs-assignment-ttl", rlqs.DefaultTTL,
 		"RLQS: time to live of every quota assignment: how long a proxy enforces its share without hearing from rls, and how long a vanished proxy's share stays held (a few of the filter's reporting intervals)")
 	fs.DurationVar(&rc.tick, "rlqs-tick", rlqs.DefaultTick,
-		"RLQS: how often each stream's shares are decided again between reports, so that shares released reach the proxies that want them")
+		"RLQS: how often each stream's shares are decided again between reports, so that shares above their target are given back to the proxies waiting (a share released wakes them at once)")
 	fs.IntVar(&rc.maxBuckets, "rlqs-max-buckets", rlqs.DefaultMaxBuckets, "RLQS: most buckets one stream may report (more ends the stream with RESOURCE_EXHAUSTED)")
 	fs.BoolVar(&rc.subsecondTTLs, "rlqs-testing-subsecond-ttl", false,
 		"RLQS, for tests only: accept a --rlqs-assignment-ttl that is not a whole number of seconds (Envoy reads it in whole seconds: a 300ms TTL expires at once there)")

@@ -44,7 +44,8 @@ type Options struct {
 	// should be a few of the proxies' reporting intervals.
 	TTL time.Duration
 	// Tick is how often each stream's shares are decided again without a report (default
-	// DefaultTick), so that demand shifts and shares released reach every proxy.
+	// DefaultTick), so that demand shifts reach every proxy and shares above their target are
+	// given back. A share released wakes the proxies waiting at once (see wake).
 	Tick time.Duration
 	// MaxBuckets bounds the buckets of one stream (default DefaultMaxBuckets).
 	MaxBuckets int

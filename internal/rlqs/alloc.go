@@ -309,6 +309,53 @@ func (b *bucketState) assign(id string, lim Limit, now, ttlMs int64, force bool)
 	return s, true
 }
 
+// Decision is what a Store decided for one proxy of a bucket.
+type Decision struct {
+	Share Share
+	// Send: the share is to be sent to the proxy.
+	Send bool
+	// Waiting is set when the decision released room (the proxy holds less than before): the
+	// other proxies of the bucket that hold less than their targets, by the hysteresis or more,
+	// and may now grow.
+	Waiting []string
+}
+
+// decide is assign for Store implementations: it also names, when the proxy's share shrank,
+// the proxies waiting for the room it released.
+func (b *bucketState) decide(id string, lim Limit, now, ttlMs int64, force bool) Decision {
+	var before int64
+	if p := b.proxies[id]; p != nil && p.HoldUntil >= now {
+		before = p.Held.Rate
+	}
+	s, send := b.assign(id, lim, now, ttlMs, force)
+	d := Decision{Share: s, Send: send}
+	if send && s.Rate < before {
+		d.Waiting = b.waiting(id, lim, now)
+	}
+	return d
+}
+
+// waiting returns the proxies other than id that hold less than their targets at now, by the
+// hysteresis or more, sorted.
+func (b *bucketState) waiting(id string, lim Limit, now int64) []string {
+	hyst := max(lim.Rate/64, 1)
+	var out []string
+	for pid, t := range b.targets(lim, now) {
+		if pid == id {
+			continue
+		}
+		held := int64(0)
+		if p := b.proxies[pid]; p.HoldUntil >= now {
+			held = p.Held.Rate
+		}
+		if t-held >= hyst {
+			out = append(out, pid)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
 // blocked reports whether a proxy other than id holds well below its target (by the margin
 // that keeps it from growing), so that shares held a little above their targets must shrink.
 func (b *bucketState) blocked(id string, targets map[string]int64, hyst, now int64) bool {

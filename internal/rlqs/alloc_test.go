@@ -179,39 +179,60 @@ func TestAssignWindowBound(t *testing.T) {
 	}
 }
 
-// TestAssignSteps follows a new proxy joining two that hold everything, at fixed instants.
+// TestAssignSteps follows a new proxy joining two that hold everything, at fixed instants, and
+// which proxies each shrink names as waiting for the room it releases.
 func TestAssignSteps(t *testing.T) {
 	lim := Limit{Rate: 960, PeriodMs: 1000, Burst: 192} // reserve 30, capacity 930
 	const ttl = 1000
 	b := newBucketState()
-	report := func(id string, demand float64, now int64) Share {
+	report := func(id string, demand float64, now int64) Decision {
 		b.advance(lim, now)
 		b.prune(now)
 		p := b.proxy(id)
 		p.Demand, p.SeenUntil = demand, now+ttl
-		s, _ := b.assign(id, lim, now, ttl, true)
-		return s
+		return b.decide(id, lim, now, ttl, true)
 	}
 	steps := []struct {
-		name   string
-		id     string
-		demand float64
-		now    int64
-		want   Share
-		budget int64 // milli, after the step
+		name    string
+		id      string
+		demand  float64
+		now     int64
+		want    Share
+		budget  int64 // milli, after the step
+		waiting []string
 	}{
-		{"a alone gets everything less the reserve, with its part of an eighth of the burst", "a", 2000, 0, Share{930, 23}, 192000 - 23000},
-		{"b joins: a holds it all", "b", 2000, 10, Share{0, 0}, 169000},
-		{"a reports: drops to half, a new bucket paid from the budget", "a", 2000, 100, Share{465, 11}, 169000 - 11000},
-		{"b reports: gets the half a released", "b", 2000, 110, Share{465, 11}, 158000 + 4950 - 11000},
-		{"c joins", "c", 2000, 200, Share{0, 0}, 151950 + 2700},
-		{"a drops to a third", "a", 2000, 300, Share{310, 7}, 154650 + 3000 - 7000},
-		{"b drops to a third", "b", 2000, 310, Share{310, 7}, 150650 + 1850 - 7000},
-		{"c gets its third", "c", 2000, 320, Share{310, 7}, 145500 + 3400 - 7000},
+		{"a alone gets everything less the reserve, with its part of an eighth of the burst", "a", 2000, 0, Share{930, 23}, 192000 - 23000, nil},
+		{"b joins: a holds it all", "b", 2000, 10, Share{0, 0}, 169000, nil},
+		{"a reports: drops to half, a new bucket paid from the budget", "a", 2000, 100, Share{465, 11}, 169000 - 11000, []string{"b"}},
+		{"b reports: gets the half a released", "b", 2000, 110, Share{465, 11}, 158000 + 4950 - 11000, nil},
+		{"c joins", "c", 2000, 200, Share{0, 0}, 151950 + 2700, nil},
+		{"a drops to a third: c waits, b (above its third) does not", "a", 2000, 300, Share{310, 7}, 154650 + 3000 - 7000, []string{"c"}},
+		{"b drops to a third", "b", 2000, 310, Share{310, 7}, 150650 + 1850 - 7000, []string{"c"}},
+		{"c gets its third", "c", 2000, 320, Share{310, 7}, 145500 + 3400 - 7000, nil},
 	}
 	for _, st := range steps {
-		if got := report(st.id, st.demand, st.now); got != st.want || b.budget.Milli != st.budget {
-			t.Fatalf("%s: got %+v and a budget of %d, want %+v and %d", st.name, got, b.budget.Milli, st.want, st.budget)
+		d := report(st.id, st.demand, st.now)
+		if d.Share != st.want || b.budget.Milli != st.budget || !slices.Equal(d.Waiting, st.waiting) {
+			t.Fatalf("%s: got %+v and a budget of %d, want %+v, %d and waiting %q", st.name, d, b.budget.Milli, st.want, st.budget, st.waiting)
+		}
+	}
+}
+
+// TestAnnouncement: what Announce publishes reads back whole, whatever the bucket key holds.
+func TestAnnouncement(t *testing.T) {
+	for _, waiting := range [][]string{nil, {"r1-2"}, {"r1-2", "r2-7"}} {
+		for _, bucket := range []string{"4:rlqs|7:api_key=6:shared", "1:d|1:k=3:a\n\nb", ""} {
+			r := &Redis{}
+			msg := r.announcement("r0-1", bucket, waiting)
+			from, gotBucket, gotWaiting, ok := parseAnnouncement(msg)
+			if !ok || from != "r0-1" || gotBucket != bucket || !slices.Equal(gotWaiting, waiting) {
+				t.Errorf("%q: read back %q %q %q %v", msg, from, gotBucket, gotWaiting, ok)
+			}
+		}
+	}
+	for _, bad := range []string{"", "r0-1", "\n\nbucket"} {
+		if _, _, _, ok := parseAnnouncement(bad); ok {
+			t.Errorf("%q read as an announcement", bad)
 		}
 	}
 }

@@ -39,12 +39,9 @@ var errContended = errors.New("rlqs: redis: bucket contended; try again")
 func (r *Redis) key(bucket string) string { return r.prefix + "rlqs:{" + bucket + "}" }
 
 // Assign implements Store.
-func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Share, bool, error) {
+func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Decision, error) {
 	key := r.key(bucket)
-	var (
-		share Share
-		send  bool
-	)
+	var d Decision
 	txf := func(tx *goredis.Tx) error {
 		raw, err := tx.HGetAll(ctx, key).Result()
 		if err != nil {
@@ -59,8 +56,8 @@ func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, rep
 			p.Demand, p.SeenUntil = *report, now+ttlMs
 		}
 		spent := b.budget
-		share, send = b.assign(proxy, lim, now, ttlMs, report != nil)
-		if report == nil && !send && len(gone) == 0 && b.budget == spent && before.At != 0 {
+		d = b.decide(proxy, lim, now, ttlMs, report != nil)
+		if report == nil && !d.Send && len(gone) == 0 && b.budget == spent && before.At != 0 {
 			return nil // nothing handed out or forgotten: no write (the budget refills when read)
 		}
 		_, err = tx.TxPipelined(ctx, func(p goredis.Pipeliner) error {
@@ -74,9 +71,9 @@ func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, rep
 		return err
 	}
 	if err := r.transact(ctx, key, txf); err != nil {
-		return Share{}, false, err
+		return Decision{}, err
 	}
-	return share, send, nil
+	return d, nil
 }
 
 // Leave implements Store.
@@ -141,16 +138,40 @@ func (r *Redis) Close() error { return r.rdb.Close() }
 // channel is where the replicas announce shares released (PUBLISH reaches every node of a Cluster).
 func (r *Redis) channel() string { return r.prefix + "rlqs:released" }
 
-// Announce implements Announcer: one PUBLISH of "from bucket".
-func (r *Redis) Announce(ctx context.Context, from, bucket string) error {
-	if err := r.rdb.Publish(ctx, r.channel(), from+" "+bucket).Err(); err != nil {
+// Announce implements Announcer: one PUBLISH of from, the waiting proxies and bucket, a line each
+// (ids have no newline; the bucket, last, may).
+func (r *Redis) Announce(ctx context.Context, from, bucket string, waiting []string) error {
+	if err := r.rdb.Publish(ctx, r.channel(), r.announcement(from, bucket, waiting)).Err(); err != nil {
 		return fmt.Errorf("rlqs: redis: %w", err)
 	}
 	return nil
 }
 
+func (r *Redis) announcement(from, bucket string, waiting []string) string {
+	var b strings.Builder
+	b.WriteString(from)
+	b.WriteByte('\n')
+	for _, id := range waiting {
+		b.WriteString(id)
+		b.WriteByte('\n')
+	}
+	b.WriteByte('\n')
+	b.WriteString(bucket)
+	return b.String()
+}
+
+// parseAnnouncement reads Announce's message.
+func parseAnnouncement(m string) (from, bucket string, waiting []string, ok bool) {
+	head, bucket, ok := strings.Cut(m, "\n\n")
+	if !ok {
+		return "", "", nil, false
+	}
+	ids := strings.Split(head, "\n")
+	return ids[0], bucket, ids[1:], ids[0] != ""
+}
+
 // Listen implements Announcer with a subscription, which go-redis renews when its connection fails.
-func (r *Redis) Listen(ctx context.Context, fn func(from, bucket string)) {
+func (r *Redis) Listen(ctx context.Context, fn func(from, bucket string, waiting []string)) {
 	ps := r.rdb.Subscribe(ctx, r.channel())
 	defer ps.Close()
 	ch := ps.Channel()
@@ -162,8 +183,8 @@ func (r *Redis) Listen(ctx context.Context, fn func(from, bucket string)) {
 			if !ok {
 				return
 			}
-			if from, bucket, ok := strings.Cut(m.Payload, " "); ok {
-				fn(from, bucket)
+			if from, bucket, waiting, ok := parseAnnouncement(m.Payload); ok {
+				fn(from, bucket, waiting)
 			}
 		}
 	}

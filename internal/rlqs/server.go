@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -146,9 +147,9 @@ func New(opts Options) (*Server, error) {
 		s.stopListen, s.listening = cancel, make(chan struct{})
 		go func() {
 			defer close(s.listening)
-			a.Listen(ctx, func(from, bucket string) {
+			a.Listen(ctx, func(from, bucket string, waiting []string) {
 				if from != s.replica {
-					s.wake(bucket, nil)
+					s.wake(bucket, waiting)
 				}
 			})
 		}()
@@ -412,14 +413,18 @@ func (s *Server) refresh(ctx context.Context, ss rlqspb.RateLimitQuotaService_St
 // other proxies of the buckets where this one released room.
 func (s *Server) decideAll(ctx context.Context, ss rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer, st *stream, keys []string, force bool, now time.Time) error {
 	var actions []*rlqspb.RateLimitQuotaResponse_BucketAction
-	var released []string
+	type release struct {
+		key     string
+		waiting []string
+	}
+	var released []release
 	for _, k := range keys {
-		a, rel := s.decide(ctx, st, k, force, now)
+		a, waiting := s.decide(ctx, st, k, force, now)
 		if a != nil {
 			actions = append(actions, a)
 		}
-		if rel {
-			released = append(released, k)
+		if len(waiting) > 0 {
+			released = append(released, release{k, waiting})
 		}
 	}
 	if len(actions) > 0 {
@@ -427,10 +432,12 @@ func (s *Server) decideAll(ctx context.Context, ss rlqspb.RateLimitQuotaService_
 			return err
 		}
 	}
-	for _, k := range released {
-		s.wake(k, st)
+	for _, r := range released {
+		if s.wake(r.key, r.waiting) == len(r.waiting) {
+			continue // all on this replica
+		}
 		if a, ok := s.store.(Announcer); ok {
-			if err := a.Announce(ctx, s.replica, k); err != nil {
+			if err := a.Announce(ctx, s.replica, r.key, r.waiting); err != nil {
 				s.log.Debug("rlqs: could not tell the other replicas of a share released; their proxies get it at their next tick", "err", err)
 			}
 		}
@@ -458,14 +465,14 @@ func (s *Server) subscribe(st *stream, keys []string) {
 	}
 }
 
-// wake has every stream of this replica that reports bucket, but except, decide its share of it
-// again now: a proxy released room that another may be waiting for. Without it they would take
-// the room at their next tick.
-func (s *Server) wake(bucket string, except *stream) {
+// wake has the streams of this replica among waiting (proxy ids, sorted) decide their shares of bucket
+// again now: a proxy released room that they wait for. Without it they would take the room at
+// their next tick. It returns how many of them are on this replica.
+func (s *Server) wake(bucket string, waiting []string) int {
 	s.mu.Lock()
 	var sts []*stream
 	for st := range s.byBucket[bucket] {
-		if st != except {
+		if _, ok := slices.BinarySearch(waiting, st.id); ok {
 			sts = append(sts, st)
 		}
 	}
@@ -479,6 +486,7 @@ func (s *Server) wake(bucket string, except *stream) {
 		default: // already woken: it takes pending whole
 		}
 	}
+	return len(sts)
 }
 
 // rematch matches b's rule again when the rule set changed. st.mu must be held.
@@ -490,22 +498,22 @@ func (s *Server) rematch(b *streamBucket, rs *descriptors.RuleSet, domain string
 	b.rules, b.pol = rs, policyOf(r)
 }
 
-// decide returns the action for one bucket of st, or nil when there is nothing to send, and
-// whether the proxy now holds a smaller share of it than before (room released for the others).
+// decide returns the action for one bucket of st, or nil when there is nothing to send, and,
+// when the proxy's share shrank, the proxies waiting for the room it released.
 // force: the bucket was just reported and gets an answer.
-func (s *Server) decide(ctx context.Context, st *stream, key string, force bool, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, bool) {
+func (s *Server) decide(ctx context.Context, st *stream, key string, force bool, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, []string) {
 	st.mu.Lock()
 	b := st.buckets[key]
 	if b == nil {
 		st.mu.Unlock()
-		return nil, false
+		return nil, nil
 	}
-	pol, demand, wasAllowAll, sent, held := b.pol, b.demand, b.allowAll, b.sent, b.share
+	pol, demand, wasAllowAll, sent := b.pol, b.demand, b.allowAll, b.sent
 	st.mu.Unlock()
 	ttlMs := s.ttl.Milliseconds()
 	if pol.allowAll {
 		if !force && sent && wasAllowAll {
-			return nil, false
+			return nil, nil
 		}
 		if sent && !wasAllowAll {
 			// It had a share under a rule that no longer limits it.
@@ -514,13 +522,14 @@ func (s *Server) decide(ctx context.Context, st *stream, key string, force bool,
 		st.mu.Lock()
 		b.sent, b.allowAll, b.share, b.sentAt = true, true, Share{}, now
 		st.mu.Unlock()
-		return s.action(b.proto, blanket(typev3.RateLimitStrategy_ALLOW_ALL)), false
+		return s.action(b.proto, blanket(typev3.RateLimitStrategy_ALLOW_ALL)), nil
 	}
 	var report *float64
 	if force {
 		report = &demand
 	}
-	share, send, err := s.store.Assign(ctx, key, st.id, pol.lim, report, now.UnixMilli(), ttlMs)
+	d, err := s.store.Assign(ctx, key, st.id, pol.lim, report, now.UnixMilli(), ttlMs)
+	share := d.Share
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if err != nil {
@@ -529,17 +538,17 @@ func (s *Server) decide(ctx context.Context, st *stream, key string, force bool,
 			s.log.Warn("rlqs: deciding shares failed; proxies keep their assignments until they expire", "err", err)
 		}
 		st.failing = true
-		return nil, false
+		return nil, nil
 	}
 	if st.failing {
 		s.log.Info("rlqs: deciding shares again")
 		st.failing = false
 	}
-	if !send && !(sent && wasAllowAll) {
-		return nil, false
+	if !d.Send && !(sent && wasAllowAll) {
+		return nil, nil
 	}
 	b.sent, b.allowAll, b.share, b.sentAt = true, false, share, now
-	return s.action(b.proto, strategyFor(share, pol.lim)), sent && !wasAllowAll && share.Rate < held.Rate
+	return s.action(b.proto, strategyFor(share, pol.lim)), d.Waiting
 }
 
 func (s *Server) action(id *rlqspb.BucketId, strat *typev3.RateLimitStrategy) *rlqspb.RateLimitQuotaResponse_BucketAction {

@@ -12,7 +12,7 @@ import (
 type Store interface {
 	// Assign records, when report is set, proxy's demand (requests per second) for bucket, seen
 	// until now + ttlMs, and decides its share (see bucketState.assign). Times are Unix ms.
-	Assign(ctx context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Share, bool, error)
+	Assign(ctx context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Decision, error)
 	// Leave stops counting proxy's demand for bucket; what it holds stays held until it expires,
 	// since the proxy may go on enforcing it that long.
 	Leave(ctx context.Context, bucket, proxy string, now int64) error
@@ -25,11 +25,12 @@ type Store interface {
 // announces the buckets where a proxy's share shrank, and every replica listening wakes its own
 // proxies of the bucket, which would otherwise take the room at their next tick.
 type Announcer interface {
-	// Announce tells the replicas listening that a share of bucket was released by replica from.
-	Announce(ctx context.Context, from, bucket string) error
+	// Announce tells the replicas listening that replica from released room in bucket, which the
+	// proxies waiting may take.
+	Announce(ctx context.Context, from, bucket string, waiting []string) error
 	// Listen calls fn with every announcement, its own too, until ctx ends. It keeps listening
 	// through connection failures.
-	Listen(ctx context.Context, fn func(from, bucket string))
+	Listen(ctx context.Context, fn func(from, bucket string, waiting []string))
 }
 
 // Memory is a Store in this process. It is safe for concurrent use.
@@ -45,7 +46,7 @@ var _ Store = (*Memory)(nil)
 func NewMemory() *Memory { return &Memory{buckets: map[string]*bucketState{}} }
 
 // Assign implements Store.
-func (m *Memory) Assign(_ context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Share, bool, error) {
+func (m *Memory) Assign(_ context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Decision, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sweepLocked(now)
@@ -60,8 +61,7 @@ func (m *Memory) Assign(_ context.Context, bucket, proxy string, lim Limit, repo
 		p := b.proxy(proxy)
 		p.Demand, p.SeenUntil = *report, now+ttlMs
 	}
-	s, send := b.assign(proxy, lim, now, ttlMs, report != nil)
-	return s, send, nil
+	return b.decide(proxy, lim, now, ttlMs, report != nil), nil
 }
 
 // Leave implements Store.

@@ -338,20 +338,7 @@ func (b *bucketState) decide(id string, lim Limit, now, ttlMs int64, force bool)
 // waiting returns the proxies other than id that hold less than their targets at now, by the
 // hysteresis or more, sorted.
 func (b *bucketState) waiting(id string, lim Limit, now int64) []string {
-	hyst := max(lim.Rate/64, 1)
-	var out []string
-	for pid, t := range b.targets(lim, now) {
-		if pid == id {
-			continue
-		}
-		held := int64(0)
-		if p := b.proxies[pid]; p.HoldUntil >= now {
-			held = p.Held.Rate
-		}
-		if t-held >= hyst {
-			out = append(out, pid)
-		}
-	}
+	out := b.below(id, b.targets(lim, now), max(lim.Rate/64, 1), now, false)
 	slices.Sort(out)
 	return out
 }
@@ -359,6 +346,13 @@ func (b *bucketState) waiting(id string, lim Limit, now int64) []string {
 // blocked reports whether a proxy other than id holds well below its target (by the margin
 // that keeps it from growing), so that shares held a little above their targets must shrink.
 func (b *bucketState) blocked(id string, targets map[string]int64, hyst, now int64) bool {
+	return len(b.below(id, targets, hyst, now, true)) > 0
+}
+
+// below returns the proxies other than id whose targets exceed what they hold at now by hyst or
+// more, in no order; with first, only the first one found.
+func (b *bucketState) below(id string, targets map[string]int64, hyst, now int64, first bool) []string {
+	var out []string
 	for pid, t := range targets {
 		if pid == id {
 			continue
@@ -368,10 +362,13 @@ func (b *bucketState) blocked(id string, targets map[string]int64, hyst, now int
 			held = p.Held.Rate
 		}
 		if t-held >= hyst {
-			return true
+			out = append(out, pid)
+			if first {
+				break
+			}
 		}
 	}
-	return false
+	return out
 }
 
 // proxyBurstDivisor: the max_tokens handed out with the shares sum to at most 1/proxyBurstDivisor

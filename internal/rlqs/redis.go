@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 )
@@ -170,10 +171,17 @@ func parseAnnouncement(m string) (from, bucket string, waiting []string, ok bool
 	return ids[0], bucket, ids[1:], ids[0] != ""
 }
 
+// subscribeWait bounds how long Listen waits for Redis to confirm its subscription.
+const subscribeWait = 2 * time.Second
+
 // Listen implements Announcer with a subscription, which go-redis renews when its connection fails.
-func (r *Redis) Listen(ctx context.Context, fn func(from, bucket string, waiting []string)) {
+func (r *Redis) Listen(ctx context.Context, subscribed func(), fn func(from, bucket string, waiting []string)) {
 	ps := r.rdb.Subscribe(ctx, r.channel())
 	defer ps.Close()
+	wctx, cancel := context.WithTimeout(ctx, subscribeWait)
+	_, _ = ps.Receive(wctx) // the confirmation; on an error the channel below subscribes again
+	cancel()
+	subscribed()
 	ch := ps.Channel()
 	for {
 		select {

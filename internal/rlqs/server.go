@@ -145,14 +145,16 @@ func New(opts Options) (*Server, error) {
 	if a, ok := s.store.(Announcer); ok {
 		ctx, cancel := context.WithCancel(context.Background())
 		s.stopListen, s.listening = cancel, make(chan struct{})
+		subscribed := make(chan struct{})
 		go func() {
 			defer close(s.listening)
-			a.Listen(ctx, func(from, bucket string, waiting []string) {
+			a.Listen(ctx, func() { close(subscribed) }, func(from, bucket string, waiting []string) {
 				if from != s.replica {
 					s.wake(bucket, waiting)
 				}
 			})
 		}()
+		<-subscribed // bounded by Listen: serve once the other replicas' word can reach this one
 	}
 	return s, nil
 }
@@ -356,13 +358,13 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 	}
 	rs := s.rules()
 	var added []string
-	defer func() { s.subscribe(st, added) }()
 	st.mu.Lock()
 	for _, up := range upds {
 		b := st.buckets[up.key]
 		if b == nil {
 			if len(st.buckets) >= s.maxBuckets {
 				st.mu.Unlock()
+				s.subscribe(st, added)
 				s.rejected.WithLabelValues("too_many_buckets").Inc()
 				return status.Errorf(codes.ResourceExhausted, "more than %d buckets on one stream", s.maxBuckets)
 			}
@@ -377,6 +379,8 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 		s.requests.WithLabelValues(domain, rule, "denied").Add(float64(up.u.GetNumRequestsDenied()))
 	}
 	st.mu.Unlock()
+	// Before deciding: a share released while this one is decided must wake it.
+	s.subscribe(st, added)
 	keys := make([]string, 0, len(upds))
 	seen := map[string]bool{}
 	for _, up := range upds {
@@ -401,9 +405,7 @@ func (s *Server) refresh(ctx context.Context, ss rlqspb.RateLimitQuotaService_St
 		}
 	}
 	for _, k := range keys {
-		if b := st.buckets[k]; b != nil {
-			s.rematch(b, rs, st.domain)
-		}
+		s.rematch(st.buckets[k], rs, st.domain)
 	}
 	st.mu.Unlock()
 	return s.decideAll(ctx, ss, st, keys, false, now)
@@ -503,11 +505,7 @@ func (s *Server) rematch(b *streamBucket, rs *descriptors.RuleSet, domain string
 // force: the bucket was just reported and gets an answer.
 func (s *Server) decide(ctx context.Context, st *stream, key string, force bool, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, []string) {
 	st.mu.Lock()
-	b := st.buckets[key]
-	if b == nil {
-		st.mu.Unlock()
-		return nil, nil
-	}
+	b := st.buckets[key] // a stream's buckets are never removed
 	pol, demand, wasAllowAll, sent := b.pol, b.demand, b.allowAll, b.sent
 	st.mu.Unlock()
 	ttlMs := s.ttl.Milliseconds()

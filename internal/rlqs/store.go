@@ -29,8 +29,9 @@ type Announcer interface {
 	// proxies waiting may take.
 	Announce(ctx context.Context, from, bucket string, waiting []string) error
 	// Listen calls fn with every announcement, its own too, until ctx ends. It keeps listening
-	// through connection failures.
-	Listen(ctx context.Context, fn func(from, bucket string, waiting []string))
+	// through connection failures. It calls subscribed once, soon: when announcements made from
+	// then on reach fn, or when it gave up waiting for that (they will reach fn once it can).
+	Listen(ctx context.Context, subscribed func(), fn func(from, bucket string, waiting []string))
 }
 
 // Memory is a Store in this process. It is safe for concurrent use.

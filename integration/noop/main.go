@@ -19,7 +19,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
 type noop struct {
@@ -38,7 +37,6 @@ func (n noop) ShouldRateLimit(_ context.Context, req *rlsv3.RateLimitRequest) (*
 			st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
 				RequestsPerUnit: 1000000000,
 				Unit:            rlsv3.RateLimitResponse_RateLimit_SECOND,
-				UnitMultiplier:  wrapperspb.UInt32(1),
 			}
 			st.LimitRemaining = 999999999
 			st.DurationUntilReset = durationpb.New(time.Nanosecond)

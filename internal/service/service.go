@@ -407,7 +407,10 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 			Name:            lim.Name,
 			RequestsPerUnit: lim.RequestsPerUnit,
 			Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(lim.Unit),
-			UnitMultiplier:  wrapperspb.UInt32(lim.UnitMultiplier),
+		}
+		if lim.UnitMultiplier > 1 {
+			// Absent means 1: the answer Envoy decodes on every request stays smaller.
+			st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(lim.UnitMultiplier)
 		}
 		st.LimitRemaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
 		wait := d.ResetAfter

@@ -218,6 +218,12 @@ func TestOverride(t *testing.T) {
 	if r := f.ask(t, d); codesOf(r) != "OVER_LIMIT OVER_LIMIT" {
 		t.Fatalf("second within 30s: %v", r)
 	}
+	// A multiplier of 1 is left out of the answer: absent means 1.
+	d1 := desc("key", "o1")
+	d1.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1, Unit: typev3.RateLimitUnit_SECOND, UnitMultiplier: wrapperspb.UInt32(1)}
+	if r := f.ask(t, d1); codesOf(r) != "OK OK" || r.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 1 || r.Statuses[0].CurrentLimit.UnitMultiplier != nil {
+		t.Fatalf("override 1 per second: %v", r)
+	}
 	// An override applies even where no rule matches, as in the reference service.
 	u := desc("unmatched", "x")
 	u.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_HOUR}

@@ -360,3 +360,65 @@ func TestRefusedCredentials(t *testing.T) {
 		t.Fatalf("health changes %s, want [down up]", h)
 	}
 }
+
+// TestRedisRefuses: with production defaults, a Redis that is gone (connections refused) fails
+// each decision at once with ErrUnavailable, a Redis failure rather than an overload shed, and
+// the breaker opens after its threshold of such failures. When Redis is back, the breaker closes
+// and stays closed: the decisions that follow succeed, even though the decisions' pool had given
+// up dialling (go-redis answers with its last dial error once a pool has failed as many dials
+// as its size, until a background dial, once a second, succeeds).
+func TestRedisRefuses(t *testing.T) {
+	for _, coalesce := range []int{0, 64} {
+		t.Run("coalesce="+strconv.Itoa(coalesce), func(t *testing.T) {
+			// A pool of 2 gives up after 2 failed dials, before the breaker opens.
+			b, r := newOwnBackend(t, Options{Coalesce: coalesce, PoolSize: 2})
+			health := watchHealth(b)
+			l := backend.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+			key := 0
+			decide := func() (time.Duration, error) {
+				key++
+				start := time.Now()
+				_, err := b.Decide(context.Background(), []backend.Request{{Key: "r" + strconv.Itoa(key), Limit: l, Cost: 1}}, make([]backend.Decision, 1))
+				return time.Since(start), err
+			}
+			if _, err := decide(); err != nil {
+				t.Fatal(err)
+			}
+			r.Kill()
+			killed := time.Now()
+			for i := 0; b.Healthy(); i++ {
+				took, err := decide()
+				if !errors.Is(err, backend.ErrUnavailable) || errors.Is(err, backend.ErrOverloaded) {
+					t.Fatalf("decision %d with Redis gone: %v, want a Redis failure (ErrUnavailable, not ErrOverloaded)", i, err)
+				}
+				// The budget is 50 ms: a refused dial takes far less, unless it is retried.
+				if took >= 50*time.Millisecond {
+					t.Fatalf("decision %d with Redis gone took %v: the whole budget", i, took)
+				}
+				if i == 20 {
+					t.Fatalf("breaker still closed after %d refused decisions (threshold 5)", i+1)
+				}
+			}
+			t.Logf("breaker opened %v after Redis was killed", time.Since(killed))
+			// Long enough for the decisions' pool to be waiting for its background dial.
+			time.Sleep(1200 * time.Millisecond)
+			r.Start()
+			back := time.Now()
+			for !b.Healthy() {
+				if time.Since(back) > 5*time.Second {
+					t.Fatal("breaker still open 5s after Redis came back")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			t.Logf("breaker closed %v after Redis came back", time.Since(back))
+			for i := range 50 {
+				if _, err := decide(); err != nil {
+					t.Fatalf("decision %d after the breaker closed: %v (health changes %s)", i, err, health)
+				}
+			}
+			if h := health.String(); h != "[down up]" {
+				t.Fatalf("health changes %s, want [down up]", h)
+			}
+		})
+	}
+}

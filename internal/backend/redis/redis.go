@@ -146,7 +146,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	co := clientOptions{poolSize: opts.PoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout}
 	b := &Backend{
 		rdb:     newClient(opts.Target, co),
-		probe:   newClient(opts.Target, clientOptions{poolSize: 1, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout, contextTimeout: true}),
+		probe:   newClient(opts.Target, clientOptions{poolSize: probePoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout, contextTimeout: true}),
 		cluster: opts.Target.Topology == Cluster,
 		merge:   opts.Coalesce > 0,
 		prefix:  opts.KeyPrefix,
@@ -196,14 +196,36 @@ func setDefault[T comparable](v *T, def T) {
 	}
 }
 
+// probePoolSize is the probe client's pool size. The probe holds at most two connections (the
+// breaker's probe and kickProbe's, one each), but go-redis also takes the pool size as the
+// number of failed dials after which a pool stops dialling: it then answers with its last dial
+// error and dials only in the background, once a second. A pool of one would stop after the
+// first refused probe, and a Redis that came back would be found a second later rather than
+// at the next probe.
+const probePoolSize = 1024
+
 // loadScript puts the script into every master's script cache, on the probe's connections; it
-// doubles as the breaker's probe while the breaker is open.
+// doubles as the breaker's probe while the breaker is open. It succeeds only once the
+// decisions' client reaches every master too: after failed dials that client's pool may still
+// be answering with its last dial error (see probePoolSize), and a breaker closed then would
+// open again on the first decisions.
 func (b *Backend) loadScript(ctx context.Context) error {
 	err := load(ctx, b.probe)
+	if err == nil {
+		err = ping(ctx, b.rdb)
+	}
 	if err == nil {
 		b.lastReply.Store(b.mono())
 	}
 	return err
+}
+
+// ping pings every master through c.
+func ping(ctx context.Context, c goredis.UniversalClient) error {
+	if cc, ok := c.(*goredis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error { return n.Ping(ctx).Err() })
+	}
+	return c.Ping(ctx).Err()
 }
 
 func (b *Backend) mono() int64 { return int64(time.Since(b.epoch)) }
@@ -389,12 +411,7 @@ func (b *Backend) kickProbe() {
 		start := b.mono()
 		ctx, cancel := context.WithTimeout(context.Background(), b.probeTO)
 		defer cancel()
-		var err error
-		if cc, ok := b.probe.(*goredis.ClusterClient); ok {
-			err = cc.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error { return n.Ping(ctx).Err() })
-		} else {
-			err = b.probe.Ping(ctx).Err()
-		}
+		err := ping(ctx, b.probe)
 		took := time.Duration(b.mono() - start)
 		switch {
 		case err == nil:

@@ -187,7 +187,10 @@ type clientOptions struct {
 }
 
 // newClient connects to t. Commands are never retried by go-redis: a script whose reply was lost
-// may have run, and running it again would charge twice.
+// may have run, and running it again would charge twice. Nor are dials: go-redis's default of
+// five dials 100 ms apart would spend a decision's whole budget asleep when Redis refuses
+// connections, and the decision would count as overload rather than as Redis failing. The
+// circuit breaker and its probe are the retries.
 func newClient(t Target, c clientOptions) goredis.UniversalClient {
 	var tlsConf *tls.Config
 	if t.TLS && len(t.Addrs) > 0 {
@@ -210,14 +213,15 @@ func newClient(t Target, c clientOptions) goredis.UniversalClient {
 			MasterName: t.Master, SentinelAddrs: t.Addrs, SentinelUsername: t.SentinelUsername,
 			SentinelPassword: t.SentinelPassword, Username: t.Username, Password: t.Password, DB: t.DB,
 			TLSConfig: tlsConf, PoolSize: c.poolSize, DialTimeout: c.dialTimeout, ReadTimeout: c.readTimeout,
-			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: c.contextTimeout, MaxRetries: -1, DisableIdentity: true,
+			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: c.contextTimeout, MaxRetries: -1, DialerRetries: 1,
+			DisableIdentity: true,
 		})
 	case Cluster:
 		return goredis.NewClusterClient(&goredis.ClusterOptions{
 			Addrs: t.Addrs, Username: t.Username, Password: t.Password, TLSConfig: tlsConf,
 			PoolSize: c.poolSize, DialTimeout: c.dialTimeout, ReadTimeout: c.readTimeout,
-			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: c.contextTimeout, MaxRetries: -1, DisableIdentity: true,
-			MaintNotificationsConfig: maint,
+			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: c.contextTimeout, MaxRetries: -1, DialerRetries: 1,
+			DisableIdentity: true, MaintNotificationsConfig: maint,
 		})
 	}
 	var o *goredis.Options
@@ -236,6 +240,7 @@ func newClient(t Target, c clientOptions) goredis.UniversalClient {
 	o.WriteTimeout = c.readTimeout
 	o.ContextTimeoutEnabled = c.contextTimeout
 	o.MaxRetries = -1
+	o.DialerRetries = 1
 	o.DisableIdentity = true
 	o.MaintNotificationsConfig = maint
 	return goredis.NewClient(o)

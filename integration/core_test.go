@@ -368,4 +368,8 @@ func TestCheckCommand(t *testing.T) {
 	if out, code := runBinary(t, "check", "--addr", p.GRPCAddr); code != 64 || !strings.Contains(out, "at least one descriptor") {
 		t.Fatalf("check without descriptors: exit %d\n%s", code, out)
 	}
+	// hits_addend is 32 bits: a larger count is refused, not cut to its low bits (2^32+3 to 3).
+	if out, code := runBinary(t, "check", "--addr", p.GRPCAddr, "--domain", "shop", "--hits", "4294967299", "api_key=c2"); code != 64 || !strings.Contains(out, "32 bits") {
+		t.Fatalf("check --hits 2^32+3: exit %d\n%s", code, out)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"strings"
 	"time"
 
@@ -94,6 +95,10 @@ func runCheck(ctx context.Context, args, env []string, stdout, stderr io.Writer)
 	}
 	if len(descs) == 0 {
 		fmt.Fprintln(stderr, "rls check: give at least one descriptor, e.g. rls check api_key=k1")
+		return errUsage
+	}
+	if *hits > math.MaxUint32 {
+		fmt.Fprintf(stderr, "rls check: --hits %d: hits_addend is 32 bits, at most %d\n", *hits, uint64(math.MaxUint32))
 		return errUsage
 	}
 	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -116,8 +116,12 @@ type Rule struct {
 	Source string
 }
 
-// Entry is one key/value entry of a request descriptor.
-type Entry struct{ Key, Value string }
+// Entry is one key/value entry of a request descriptor. In JSON (the HTTP endpoints' answers)
+// it is {"key": ..., "value": ...}, as in the descriptors /json takes.
+type Entry struct {
+	Key   string `json:"key"`
+	Value string `json:"value"`
+}
 
 // RuleSet is an immutable set of loaded rules. It is safe for concurrent use.
 type RuleSet struct {

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -169,6 +170,11 @@ func TestKeysHandler(t *testing.T) {
 		w, res := keysRequest(t, h, http.MethodGet, q, "")
 		if w.Code != http.StatusOK || len(res.Descriptors) != 1 || len(res.Descriptors[0].Limits) != 1 {
 			t.Fatalf("inspect: %d %s", w.Code, w.Body)
+		}
+		// Entries are snake_case like every other field, and like the descriptors /json takes.
+		var compact bytes.Buffer
+		if err := json.Compact(&compact, w.Body.Bytes()); err != nil || !strings.Contains(compact.String(), `"entries":[{"key":"api_key","value":"k1"},{"key":"model","value":"m"}]`) {
+			t.Fatalf("inspect: entries not as {key, value}: %s", w.Body)
 		}
 		return res.Descriptors[0].Limits[0]
 	}

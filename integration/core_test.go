@@ -373,3 +373,21 @@ func TestCheckCommand(t *testing.T) {
 		t.Fatalf("check --hits 2^32+3: exit %d\n%s", code, out)
 	}
 }
+
+// TestUsageErrors: a usage error exits 64 and says what is wrong, whether the flag package
+// found it or rls's own checks did.
+func TestUsageErrors(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rlqs-tick", "0s"}, "--rlqs-tick 0s: want a positive duration"},
+		{[]string{"--rlqs-assignment-ttl", "1500ms"}, "--rlqs-assignment-ttl 1.5s: want a whole number of seconds"},
+		{[]string{"serve", "extra"}, `unexpected arguments ["extra"]`},
+		{[]string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+	} {
+		if out, code := runBinary(t, tc.args...); code != 64 || !strings.Contains(out, tc.want) {
+			t.Errorf("rls %s: exit %d, want 64 and %q in:\n%s", strings.Join(tc.args, " "), code, tc.want, out)
+		}
+	}
+}

@@ -29,6 +29,10 @@ func main() {
 	case errors.Is(err, errOverLimit):
 		os.Exit(2)
 	case errors.Is(err, errUsage):
+		// A bare errUsage was explained where it arose; one wrapped with a reason is not yet.
+		if err != errUsage {
+			fmt.Fprintln(os.Stderr, "rls:", err)
+		}
 		os.Exit(64)
 	default:
 		fmt.Fprintln(os.Stderr, "rls:", err)

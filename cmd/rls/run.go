@@ -70,10 +70,8 @@ func parseFlags(fs *flag.FlagSet, args, env []string) error {
 		})
 	}
 	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return errUsage
-		}
-		return fmt.Errorf("%w: %v", errUsage, err)
+		// The flag package has printed the error (or the help) already.
+		return errUsage
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

@@ -66,6 +66,7 @@ func TestRunConfigErrors(t *testing.T) {
 		{"bad backend", []string{"--backend", "etcd"}, `--backend "etcd": want memory or redis`},
 		{"bad failure mode", []string{"--failure-mode", "maybe"}, `failure mode "maybe"`},
 		{"bad headers", []string{"--response-headers", "x"}, `response headers "x"`},
+		{"near-limit ratio NaN", []string{"--near-limit-ratio", "NaN"}, "--near-limit-ratio NaN: want a value in [0, 1]"},
 		{"bad log level", []string{"--log-level", "loud"}, `--log-level "loud"`},
 		{"client CA without cert", []string{"--grpc-tls-client-ca", bad}, "--grpc-tls-client-ca needs --grpc-tls-cert"},
 		{"busy port", []string{"--grpc-addr", busy.Addr().String()}, "--grpc-addr"},

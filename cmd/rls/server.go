@@ -88,7 +88,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	if s.failure, err = service.ParseFailureMode(c.failureMode); err != nil {
 		return nil, fmt.Errorf("--failure-mode: %w", err)
 	}
-	if c.nearLimitRatio < 0 || c.nearLimitRatio > 1 {
+	if !(c.nearLimitRatio >= 0 && c.nearLimitRatio <= 1) { // NaN too
 		return nil, fmt.Errorf("--near-limit-ratio %v: want a value in [0, 1]", c.nearLimitRatio)
 	}
 	if err := c.http.validate(); err != nil {

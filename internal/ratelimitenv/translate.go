@@ -683,7 +683,7 @@ func (r *reader) modes() {
 	if r.has("NEAR_LIMIT_RATIO") {
 		v := r.vars["NEAR_LIMIT_RATIO"]
 		f, err := strconv.ParseFloat(v, 32)
-		if err != nil || f < 0 || f > 1 {
+		if err != nil || !(f >= 0 && f <= 1) { // NaN too
 			r.fail("NEAR_LIMIT_RATIO", "want a number from 0 to 1")
 		} else {
 			r.set("near-limit-ratio", strconv.FormatFloat(f, 'g', -1, 32), "NEAR_LIMIT_RATIO")

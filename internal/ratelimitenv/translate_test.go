@@ -422,6 +422,7 @@ func TestErrors(t *testing.T) {
 		{"grpc tls without cert", []string{"USE_STATSD=true", "GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_KEY=/k"}, []string{"GRPC_SERVER_USE_TLS=\"true\": needs GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY"}},
 		{"redis cert without key", []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=r:1", "REDIS_TLS=true", "REDIS_TLS_CLIENT_CERT=/c"}, []string{`REDIS_TLS_CLIENT_CERT="/c": needs REDIS_TLS_CLIENT_KEY`}},
 		{"near limit", []string{"NEAR_LIMIT_RATIO=80", "USE_STATSD=true"}, []string{`NEAR_LIMIT_RATIO="80": want a number from 0 to 1`}},
+		{"near limit NaN", []string{"NEAR_LIMIT_RATIO=NaN", "USE_STATSD=true"}, []string{`NEAR_LIMIT_RATIO="NaN": want a number from 0 to 1`}},
 		{"local cache", []string{"LOCAL_CACHE_SIZE_IN_BYTES=-1"}, []string{`LOCAL_CACHE_SIZE_IN_BYTES="-1"`}},
 		{"header name", []string{"LIMIT_RESPONSE_HEADERS_ENABLED=true", "LIMIT_LIMIT_HEADER=X Limit"}, []string{`LIMIT_LIMIT_HEADER="X Limit": want an HTTP header name`}},
 		{"prometheus path", []string{"USE_PROMETHEUS=true", "USE_STATSD=false", "PROMETHEUS_PATH=metrics"}, []string{`PROMETHEUS_PATH="metrics": want a path starting with /`}},

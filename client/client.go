@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -86,6 +87,11 @@ type Client struct {
 // New returns a Client of the rls at target (a gRPC target such as "rls:8081" or
 // "dns:///rls.default.svc:8081"). It does not wait for the connection: the first Check does.
 func New(target string, opts Options) (*Client, error) {
+	if strings.TrimSpace(target) == "" {
+		// gRPC would accept it and fail every call, which the failure policy would then answer:
+		// a missing setting would look like an outage, and under FailAllow limit nothing.
+		return nil, errors.New("client: no target: want the address of rls, such as rls:8081")
+	}
 	creds := insecure.NewCredentials()
 	if opts.TLS != nil {
 		creds = credentials.NewTLS(opts.TLS)

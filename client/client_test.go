@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/http"
 	"reflect"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -138,6 +139,19 @@ func TestInvalid(t *testing.T) {
 			if _, err := c.Check(ctxT(t), descs...); !errors.Is(err, client.ErrInvalid) {
 				t.Errorf("%v: %s: err %v, want ErrInvalid", policy, name, err)
 			}
+		}
+	}
+}
+
+// TestNoTarget: an empty target is refused by New, rather than making every call fail and go
+// to the failure policy, as if rls were down.
+func TestNoTarget(t *testing.T) {
+	for _, target := range []string{"", "  "} {
+		if c, err := client.New(target, client.Options{Domain: "d"}); err == nil || !strings.Contains(err.Error(), "no target") {
+			if c != nil {
+				c.Close()
+			}
+			t.Errorf("New(%q): err %v, want one that says there is no target", target, err)
 		}
 	}
 }

@@ -1,9 +1,11 @@
 package xds
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"strings"
+	"unicode/utf8"
 
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
@@ -29,9 +31,32 @@ func Rules(configs []*rlconfv3.RateLimitConfig, opts descriptors.Options) (*desc
 		if err != nil {
 			return nil, fmt.Errorf("%s: %v", name, err)
 		}
-		files[name] = data
+		files[name] = yamlSafe(data)
 	}
 	return descriptors.ParseWith(files, opts)
+}
+
+// yamlSafe escapes, in JSON text, the characters JSON writes as they are but YAML does not
+// allow unescaped: DEL, the C1 controls (U+0085 among them, which YAML may read as a line
+// break) and U+FFFE, U+FFFF. Outside strings JSON is printable ASCII, so they are in strings,
+// where \uXXXX means the same to both.
+func yamlSafe(data []byte) []byte {
+	if !bytes.ContainsFunc(data, notYAMLPrintable) {
+		return data
+	}
+	out := make([]byte, 0, len(data)+16)
+	for _, r := range string(data) {
+		if notYAMLPrintable(r) {
+			out = fmt.Appendf(out, `\u%04x`, r)
+		} else {
+			out = utf8.AppendRune(out, r)
+		}
+	}
+	return out
+}
+
+func notYAMLPrintable(r rune) bool {
+	return (r >= 0x7f && r <= 0x9f) || r == 0xfffe || r == 0xffff
 }
 
 // The rule format, as much of it as RateLimitConfig carries; empty fields are left out.

@@ -369,6 +369,42 @@ func TestRLQSStreamsComeAndGo(t *testing.T) {
 	if v := metric(t, p.HTTPAddr, "rls_rlqs_requests_total", `{domain="rlqs",outcome="allowed",rule="api_key=shared"}`); v != 100 {
 		t.Errorf("rls_rlqs_requests_total allowed %v, want 100", v)
 	}
+	// A domain no rule names is counted under _unknown_: proxies cannot add series by naming
+	// domains.
+	u, err := c.StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := u.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "no-such-domain-x7", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		usage(map[string]string{"api_key": "shared"}, 7, 0, time.Second)}}); err != nil {
+		t.Fatal(err)
+	}
+	for start := time.Now(); ; time.Sleep(10 * time.Millisecond) {
+		body := metricsText(t, p.HTTPAddr)
+		if strings.Contains(body, `rls_rlqs_requests_total{domain="_unknown_",outcome="allowed",rule="_none_"} 7`) {
+			if strings.Contains(body, "no-such-domain-x7") {
+				t.Errorf("a series names the unknown domain:\n%s", body)
+			}
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("no rls_rlqs_requests_total for the unknown domain under _unknown_:\n%s", body)
+		}
+	}
+}
+
+func metricsText(t *testing.T, addr string) string {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(body)
 }
 
 func getJSON(t *testing.T, url string, v any) {

@@ -46,7 +46,7 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		st.mu.Lock()
 		counted := map[ruleKey]bool{}
 		for _, b := range st.buckets {
-			k := ruleKey{st.domain, ruleName(b.pol.rule)}
+			k := ruleKey{domainLabel(b.rules, st.domain), ruleName(b.pol.rule)}
 			a := aggs[k]
 			if a == nil {
 				a = &agg{}

@@ -374,9 +374,9 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 		}
 		b.demand, b.lastReport = up.demand, now
 		s.rematch(b, rs, domain)
-		rule := ruleName(b.pol.rule)
-		s.requests.WithLabelValues(domain, rule, "allowed").Add(float64(up.u.GetNumRequestsAllowed()))
-		s.requests.WithLabelValues(domain, rule, "denied").Add(float64(up.u.GetNumRequestsDenied()))
+		dl, rule := domainLabel(rs, domain), ruleName(b.pol.rule)
+		s.requests.WithLabelValues(dl, rule, "allowed").Add(float64(up.u.GetNumRequestsAllowed()))
+		s.requests.WithLabelValues(dl, rule, "denied").Add(float64(up.u.GetNumRequestsDenied()))
 	}
 	st.mu.Unlock()
 	// Before deciding: a share released while this one is decided must wake it.

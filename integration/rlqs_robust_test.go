@@ -15,6 +15,7 @@ import (
 
 	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -494,4 +495,136 @@ func releaseWakes(t *testing.T, addrA, addrB string) {
 	}
 	sa.CloseSend()
 	sb.CloseSend()
+}
+
+// TestRLQSManyBucketsLeave: a stream that reported thousands of buckets to replicas sharing
+// Redis ends; every one of its shares is released in Redis (a round trip or two each) within
+// the time rls allows, with no warning logged, where one at a time had run out of time and
+// logged a warning per bucket.
+func TestRLQSManyBucketsLeave(t *testing.T) {
+	const n = 5000
+	url := redistest.URL(t, redistest.SingleEnv)
+	prefix := fmt.Sprintf("rlqs-leave-%d:", time.Now().UnixNano())
+	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"rlqs.yaml": rlqsRules}),
+		"--backend", "redis", "--redis-url", url, "--redis-key-prefix", prefix, "--rlqs-tick", "1h",
+		"--rlqs-assignment-ttl", "60s") // the buckets' keys live for minutes, past any check below
+	ctx, cancel := context.WithCancel(ctxT(t))
+	s, err := rlqsClient(t, p.GRPCAddr).StreamRateLimitQuotas(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs"}
+	for i := range n {
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, usage(map[string]string{"api_key": fmt.Sprintf("k%d", i)}, 1, 0, time.Second))
+	}
+	if err := s.Send(m); err != nil {
+		t.Fatal(err)
+	}
+	for got := 0; got < n; {
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += len(resp.GetBucketAction())
+	}
+	cancel()
+
+	target, err := goredis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := goredis.NewClient(target)
+	defer rdb.Close()
+	held := func() (keys, holding int) {
+		iter := rdb.Scan(context.Background(), 0, prefix+"rlqs:*", 1000).Iterator()
+		for iter.Next(context.Background()) {
+			keys++
+			fields, err := rdb.HGetAll(context.Background(), iter.Val()).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for name, v := range fields {
+				// A proxy's field: demand, seen-until (0 once released), held rate, burst, until.
+				if f := strings.Fields(v); !strings.HasPrefix(name, "~") && len(f) == 5 && f[1] != "0" {
+					holding++
+				}
+			}
+		}
+		if err := iter.Err(); err != nil {
+			t.Fatal(err)
+		}
+		return keys, holding
+	}
+	for start := time.Now(); ; time.Sleep(50 * time.Millisecond) {
+		keys, holding := held()
+		if keys != n {
+			t.Fatalf("%d bucket keys in Redis, want %d", keys, n)
+		}
+		if holding == 0 {
+			t.Logf("all %d released within %v of the stream's end", n, time.Since(start).Round(time.Millisecond))
+			break
+		}
+		if time.Since(start) > 5*time.Second {
+			t.Fatalf("%d of %d buckets still count the ended stream's demand 5 s after it ended\n%s", holding, n, p.Output())
+		}
+	}
+	if c := strings.Count(p.Output(), "could not release"); c > 0 {
+		t.Errorf("%d warnings about releases:\n%s", c, p.Output())
+	}
+}
+
+// TestRLQSStateLost: when Redis loses a bucket's state (flushed, restarted), a proxy that
+// reported demand keeps a share at the next tick, decided from the demand its stream last
+// reported, rather than DENY_ALL as if it wanted nothing.
+func TestRLQSStateLost(t *testing.T) {
+	url := redistest.URL(t, redistest.SingleEnv)
+	prefix := fmt.Sprintf("rlqs-lost-%d:", time.Now().UnixNano())
+	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"rlqs.yaml": rlqsRules}),
+		"--backend", "redis", "--redis-url", url, "--redis-key-prefix", prefix, "--rlqs-tick", "50ms")
+	s, err := rlqsClient(t, p.GRPCAddr).StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rate := func(st *typev3.RateLimitStrategy) uint32 { return st.GetTokenBucket().GetTokensPerFill().GetValue() }
+	got := exchange(t, s, &rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		usage(map[string]string{"api_key": "shared"}, 1000, 1000, time.Second)}})
+	if rate(got) != 969 {
+		t.Fatalf("first report: %v, want a token bucket of 969", got)
+	}
+	target, err := goredis.ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rdb := goredis.NewClient(target)
+	defer rdb.Close()
+	keys, err := rdb.Keys(context.Background(), prefix+"rlqs:*").Result()
+	if err != nil || len(keys) != 1 {
+		t.Fatalf("bucket keys %v, err %v: want one", keys, err)
+	}
+	if err := rdb.Del(context.Background(), keys...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	// The ticks that follow decide again; any assignment they send must still admit.
+	deadline := time.Now().Add(time.Second)
+	for time.Now().Before(deadline) {
+		type recv struct {
+			resp *rlqspb.RateLimitQuotaResponse
+			err  error
+		}
+		ch := make(chan recv, 1)
+		go func() { r, err := s.Recv(); ch <- recv{r, err} }()
+		select {
+		case r := <-ch:
+			if r.err != nil {
+				t.Fatal(r.err)
+			}
+			for _, a := range r.resp.GetBucketAction() {
+				if st := a.GetQuotaAssignmentAction().GetRateLimitStrategy(); rate(st) == 0 {
+					t.Fatalf("after the bucket's state was lost: %v, want a share for the demand reported", st)
+				}
+			}
+		case <-time.After(time.Until(deadline)):
+			return
+		}
+	}
 }

@@ -218,6 +218,18 @@ func (b *bucketState) proxy(id string) *proxyState {
 	return p
 }
 
+// note records what seen says of proxy at now (see Seen), and reports whether it did.
+func (b *bucketState) note(proxy string, seen Seen, now int64) bool {
+	if !seen.Report {
+		if _, known := b.proxies[proxy]; known || seen.Until <= now {
+			return false
+		}
+	}
+	p := b.proxy(proxy)
+	p.Demand, p.SeenUntil = seen.Demand, seen.Until
+	return true
+}
+
 // targets returns the max-min fair rate of every proxy whose demand counts at now.
 func (b *bucketState) targets(lim Limit, now int64) map[string]int64 {
 	ids := make([]string, 0, len(b.proxies))

@@ -40,7 +40,7 @@ var errContended = errors.New("rlqs: redis: bucket contended; try again")
 func (r *Redis) key(bucket string) string { return r.prefix + "rlqs:{" + bucket + "}" }
 
 // Assign implements Store.
-func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Decision, error) {
+func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, seen Seen, now, ttlMs int64) (Decision, error) {
 	key := r.key(bucket)
 	var d Decision
 	txf := func(tx *goredis.Tx) error {
@@ -52,13 +52,10 @@ func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, rep
 		before := b.budget
 		b.advance(lim, now)
 		gone := b.prune(now)
-		if report != nil {
-			p := b.proxy(proxy)
-			p.Demand, p.SeenUntil = *report, now+ttlMs
-		}
+		noted := b.note(proxy, seen, now)
 		spent := b.budget
-		d = b.decide(proxy, lim, now, ttlMs, report != nil)
-		if report == nil && !d.Send && len(gone) == 0 && b.budget == spent && before.At != 0 {
+		d = b.decide(proxy, lim, now, ttlMs, seen.Report)
+		if !noted && !d.Send && len(gone) == 0 && b.budget == spent && before.At != 0 {
 			return nil // nothing handed out or forgotten: no write (the budget refills when read)
 		}
 		_, err = tx.TxPipelined(ctx, func(p goredis.Pipeliner) error {

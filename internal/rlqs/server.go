@@ -279,20 +279,51 @@ func (s *Server) leave(st *stream) {
 		}
 	}
 	s.mu.Unlock()
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-	defer cancel()
-	now := s.now().UnixMilli()
+	// Nothing else decides for this stream any more (only its own goroutine, this one, did), so
+	// the store is called without st.mu, which the metrics and /debug/rlqs need meanwhile.
 	st.mu.Lock()
-	defer st.mu.Unlock()
+	keys := make([]string, 0, len(st.buckets))
 	for key, b := range st.buckets {
 		if !b.pol.allowAll {
-			if err := s.store.Leave(ctx, key, st.id, now); err != nil {
-				s.log.Warn("rlqs: could not release a share; it expires with its TTL", "err", err)
-			}
+			keys = append(keys, key)
 		}
 	}
-	s.log.Debug("rlqs stream ended", "proxy", st.id, "domain", st.domain, "buckets", len(st.buckets))
+	st.mu.Unlock()
+	// A stream may hold thousands of buckets, each a round trip or two to a shared store: up to
+	// leaveParallel at once, within leaveTimeout in all; what is not released by then expires
+	// with its TTL. One line says how many failed, not one per bucket.
+	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)
+	defer cancel()
+	now := s.now().UnixMilli()
+	var (
+		wg       sync.WaitGroup
+		failed   atomic.Int64
+		firstErr atomic.Pointer[error]
+	)
+	sem := make(chan struct{}, leaveParallel)
+	for _, key := range keys {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if err := s.store.Leave(ctx, key, st.id, now); err != nil {
+				failed.Add(1)
+				firstErr.CompareAndSwap(nil, &err)
+			}
+		})
+	}
+	wg.Wait()
+	if n := failed.Load(); n > 0 {
+		s.log.Warn("rlqs: could not release shares of an ended stream; they expire with their TTL",
+			"proxy", st.id, "failed", n, "buckets", len(keys), "err", *firstErr.Load())
+	}
+	s.log.Debug("rlqs stream ended", "proxy", st.id, "domain", st.domain, "buckets", len(keys))
 }
+
+// How an ended stream's buckets are released: so many at once, within so long in all.
+const (
+	leaveParallel = 32
+	leaveTimeout  = 2 * time.Second
+)
 
 // invalid counts and returns an InvalidArgument ending the stream.
 func (s *Server) invalid(st *stream, reason, format string, args ...any) error {
@@ -506,7 +537,7 @@ func (s *Server) rematch(b *streamBucket, rs *descriptors.RuleSet, domain string
 func (s *Server) decide(ctx context.Context, st *stream, key string, force bool, now time.Time) (*rlqspb.RateLimitQuotaResponse_BucketAction, []string) {
 	st.mu.Lock()
 	b := st.buckets[key] // a stream's buckets are never removed
-	pol, demand, wasAllowAll, sent := b.pol, b.demand, b.allowAll, b.sent
+	pol, demand, reported, wasAllowAll, sent := b.pol, b.demand, b.lastReport, b.allowAll, b.sent
 	st.mu.Unlock()
 	ttlMs := s.ttl.Milliseconds()
 	if pol.allowAll {
@@ -522,11 +553,8 @@ func (s *Server) decide(ctx context.Context, st *stream, key string, force bool,
 		st.mu.Unlock()
 		return s.action(b.proto, blanket(typev3.RateLimitStrategy_ALLOW_ALL)), nil
 	}
-	var report *float64
-	if force {
-		report = &demand
-	}
-	d, err := s.store.Assign(ctx, key, st.id, pol.lim, report, now.UnixMilli(), ttlMs)
+	seen := Seen{Demand: demand, Until: reported.UnixMilli() + ttlMs, Report: force}
+	d, err := s.store.Assign(ctx, key, st.id, pol.lim, seen, now.UnixMilli(), ttlMs)
 	share := d.Share
 	st.mu.Lock()
 	defer st.mu.Unlock()

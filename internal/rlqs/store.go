@@ -10,15 +10,26 @@ import (
 // Store keeps the bucket states that shares are computed from. Memory serves one replica;
 // Redis lets replicas divide one limit.
 type Store interface {
-	// Assign records, when report is set, proxy's demand (requests per second) for bucket, seen
-	// until now + ttlMs, and decides its share (see bucketState.assign). Times are Unix ms.
-	Assign(ctx context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Decision, error)
+	// Assign records what seen says of proxy's demand for bucket (see Seen) and decides its
+	// share (see bucketState.decide). Times are Unix ms.
+	Assign(ctx context.Context, bucket, proxy string, lim Limit, seen Seen, now, ttlMs int64) (Decision, error)
 	// Leave stops counting proxy's demand for bucket; what it holds stays held until it expires,
 	// since the proxy may go on enforcing it that long.
 	Leave(ctx context.Context, bucket, proxy string, now int64) error
 	// Peek returns a copy of bucket's state.
 	Peek(ctx context.Context, bucket string) (map[string]proxyState, error)
 	Close() error
+}
+
+// Seen is what a stream knows of its proxy's demand for a bucket.
+type Seen struct {
+	Demand float64 // requests per second, allowed and denied
+	Until  int64   // when it stops counting: the report's instant plus the TTL
+	// Report says the proxy has just reported it: it is recorded and the proxy is answered.
+	// Otherwise (a tick) it is recorded only when the store has no record of the proxy while
+	// the report still counts: the store lost its state (Redis flushed, restarted, or down
+	// when the report came), and the proxy would otherwise count as wanting nothing.
+	Report bool
 }
 
 // Announcer is a Store shared by replicas that also carries word of shares released: a replica
@@ -47,7 +58,7 @@ var _ Store = (*Memory)(nil)
 func NewMemory() *Memory { return &Memory{buckets: map[string]*bucketState{}} }
 
 // Assign implements Store.
-func (m *Memory) Assign(_ context.Context, bucket, proxy string, lim Limit, report *float64, now, ttlMs int64) (Decision, error) {
+func (m *Memory) Assign(_ context.Context, bucket, proxy string, lim Limit, seen Seen, now, ttlMs int64) (Decision, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sweepLocked(now)
@@ -58,11 +69,8 @@ func (m *Memory) Assign(_ context.Context, bucket, proxy string, lim Limit, repo
 	}
 	b.advance(lim, now)
 	b.prune(now)
-	if report != nil {
-		p := b.proxy(proxy)
-		p.Demand, p.SeenUntil = *report, now+ttlMs
-	}
-	return b.decide(proxy, lim, now, ttlMs, report != nil), nil
+	b.note(proxy, seen, now)
+	return b.decide(proxy, lim, now, ttlMs, seen.Report), nil
 }
 
 // Leave implements Store.

@@ -80,24 +80,26 @@ const (
 	canceled                   // the caller's context ended
 )
 
-// do queues p's calls and waits until they are answered, budget has passed or done is closed.
+// do queues p's calls and waits until they are answered, deadline has passed or done is closed.
 // For any result but replied and unsent, p may still belong to its sender: the caller must not
-// reuse it.
-func (c *coalescer) do(p *pending, budget time.Duration, done <-chan struct{}) waitResult {
+// reuse it. The deadline is absolute, fixed before the caller may wait for the lock: a budget
+// counted from here would start late on a starved machine and outlast the caller's own
+// deadline.
+func (c *coalescer) do(p *pending, deadline time.Time, done <-chan struct{}) waitResult {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return unsent
 	}
 	p.state = stateQueued
-	p.deadline = time.Now().Add(budget)
+	p.deadline = deadline
 	c.queue = append(c.queue, p)
 	if c.idle > 0 {
 		c.cond.Signal()
 	}
 	c.mu.Unlock()
 
-	p.timer.Reset(budget)
+	p.timer.Reset(time.Until(deadline))
 	var res waitResult
 	select {
 	case <-p.wake:

@@ -2,6 +2,8 @@ package redis
 
 import (
 	"fmt"
+	"math"
+	"runtime/metrics"
 	"sync"
 	"testing"
 	"time"
@@ -56,7 +58,7 @@ func TestCoalescer(t *testing.T) {
 	}
 	results := make(chan result, 10)
 	do := func(name string, p *pending, budget time.Duration) {
-		res := c.do(p, budget, never)
+		res := c.do(p, time.Now().Add(budget), never)
 		results <- result{name, res}
 	}
 	go do("first", pendingFor("a"), time.Minute)
@@ -71,7 +73,7 @@ func TestCoalescer(t *testing.T) {
 		waitQueued(t, c, i+1) // so that they queue in this order
 	}
 	e := pendingFor("e1")
-	if res := c.do(e, time.Millisecond, never); res != unsent {
+	if res := c.do(e, time.Now().Add(time.Millisecond), never); res != unsent {
 		t.Fatalf("queued past its budget: %v, want unsent", res)
 	}
 	close(f.hold)
@@ -118,13 +120,13 @@ func TestCoalescerAbandon(t *testing.T) {
 	c := newCoalescer(f.send, 8, 1)
 	defer c.close()
 	p := pendingFor("a")
-	if res := c.do(p, 20*time.Millisecond, nil); res != inFlight {
+	if res := c.do(p, time.Now().Add(20*time.Millisecond), nil); res != inFlight {
 		t.Fatalf("in flight past the budget: %v, want inFlight", res)
 	}
 	close(f.hold)
 	// The sender finishes the abandoned pipeline; the next caller goes out normally.
 	q := pendingFor("b")
-	if res := c.do(q, time.Minute, nil); res != replied {
+	if res := c.do(q, time.Now().Add(time.Minute), nil); res != replied {
 		t.Fatalf("after an abandoned call: %v, want replied", res)
 	}
 	if len(p.wake) != 0 {
@@ -135,7 +137,7 @@ func TestCoalescerAbandon(t *testing.T) {
 	f2 := &fakeSend{hold: make(chan struct{})}
 	c2 := newCoalescer(f2.send, 8, 1)
 	go func() { time.Sleep(10 * time.Millisecond); close(done) }()
-	if res := c2.do(pendingFor("x"), time.Minute, done); res != canceled {
+	if res := c2.do(pendingFor("x"), time.Now().Add(time.Minute), done); res != canceled {
 		t.Fatalf("canceled caller: %v, want canceled", res)
 	}
 	close(f2.hold)
@@ -152,7 +154,7 @@ func TestCoalescerBudgetBeforeCancel(t *testing.T) {
 	close(done)
 	for i := range 200 {
 		// A budget of 1ns has passed by the time do selects; done is ready from the start.
-		if res := c.do(pendingFor(fmt.Sprint("k", i)), time.Nanosecond, done); res == canceled {
+		if res := c.do(pendingFor(fmt.Sprint("k", i)), time.Now().Add(time.Nanosecond), done); res == canceled {
 			t.Fatalf("call %d: canceled, want its budget reported as run out", i)
 		}
 	}
@@ -169,7 +171,7 @@ func TestCoalescerReuse(t *testing.T) {
 		wg.Go(func() {
 			p := pendingFor(fmt.Sprint("k", g))
 			for i := range 500 {
-				if res := c.do(p, time.Minute, nil); res != replied {
+				if res := c.do(p, time.Now().Add(time.Minute), nil); res != replied {
 					t.Errorf("caller %d, use %d: %v", g, i, res)
 					return
 				}
@@ -185,4 +187,32 @@ func TestCoalescerReuse(t *testing.T) {
 
 func (r waitResult) String() string {
 	return [...]string{"replied", "unsent", "inFlight", "canceled"}[r]
+}
+
+// TestStarved: a probe is inconclusive when a tenth or more of the waits for a CPU during it
+// lasted a tenth of its timeout or longer.
+func TestStarved(t *testing.T) {
+	h := func(counts ...uint64) *metrics.Float64Histogram {
+		// Buckets: [0, 1ms), [1ms, 100ms), [100ms, 1s), [1s, +Inf).
+		return &metrics.Float64Histogram{Counts: counts, Buckets: []float64{0, 0.001, 0.1, 1, math.Inf(1)}}
+	}
+	for _, tc := range []struct {
+		before, after *metrics.Float64Histogram
+		want          bool
+	}{
+		{h(10, 0, 0, 0), h(110, 0, 0, 0), false},    // all quick
+		{h(10, 0, 0, 0), h(100, 9, 1, 0), false},    // 1 of 100 slow
+		{h(10, 0, 0, 0), h(100, 0, 9, 1), true},     // 10 of 100 slow
+		{h(0, 0, 5, 0), h(0, 0, 5, 0), false},       // no waits between the samples
+		{nil, h(0, 0, 5, 0), false},                 // no sample
+		{h(0, 0, 5), h(0, 0, 9, 0), false},          // different shapes
+		{h(1000, 0, 0, 0), h(1000, 0, 0, 30), true}, // only slow ones since
+	} {
+		if got := starved(tc.before, tc.after, 100*time.Millisecond); got != tc.want {
+			t.Errorf("starved(%v, %v) = %v, want %v", tc.before, tc.after, got, tc.want)
+		}
+	}
+	if schedLatencies() == nil {
+		t.Error("the runtime reports no /sched/latencies:seconds")
+	}
 }

@@ -169,8 +169,11 @@ func TestOverloadKeepsBreakerClosed(t *testing.T) {
 	if overload.Load() == 0 {
 		t.Fatal("no decision was shed: the test did not overload this process")
 	}
-	if ok.Load() == 0 {
-		t.Fatal("nothing was decided")
+	// Under the test's own load most decisions are shed, and on a machine busy with other work
+	// all may be: the breaker's state, not their number, is what the test is about. Once the
+	// load is gone, Redis decides again at once.
+	if _, err := b.Decide(context.Background(), []backend.Request{{Key: "after", Limit: l, Cost: 1}}, make([]backend.Decision, 1)); err != nil {
+		t.Fatalf("after the overload: %v", err)
 	}
 	if other.Load() > overload.Load()/100 {
 		t.Fatalf("%d errors other than overload (first: %v), %d overload", other.Load(), firstOther.Load(), overload.Load())

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime"
+	"runtime/metrics"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -361,7 +362,7 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 		b.jobs.Put(j)
 		return false, errShed
 	}
-	switch b.co.do(j.p, budget, ctx.Done()) {
+	switch b.co.do(j.p, time.Now().Add(budget), ctx.Done()) {
 	case unsent:
 		b.jobs.Put(j)
 		return false, b.ranOut()
@@ -369,6 +370,11 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 		// The job may belong to its sender still: leave it.
 		return false, b.ranOut()
 	case canceled:
+		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			// The caller's deadline passed first, which the budget's never should: time went
+			// to waiting for a CPU.
+			return false, b.ranOut()
+		}
 		return false, fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
 	}
 	admitted, err := j.settleCalls(ctx, b, reqs, out)
@@ -400,8 +406,10 @@ func (b *Backend) ranOut() error {
 
 // kickProbe pings Redis on the probe's own connection, unless a probe is in flight, and opens
 // the breaker when Redis answers nothing within the probe timeout. A probe says nothing when
-// this process was too starved of CPU to tell: when it returned far later than its timeout, or
-// when some other call got a reply meanwhile (Redis answers, this process is slow to read).
+// this process was too starved of CPU to tell: when it returned far later than its timeout,
+// when some other call got a reply meanwhile (Redis answers, this process is slow to read), or
+// when this process's goroutines waited long for a CPU while it ran (the runtime's scheduling
+// latencies).
 func (b *Backend) kickProbe() {
 	if !b.probing.CompareAndSwap(false, true) {
 		return
@@ -409,6 +417,7 @@ func (b *Backend) kickProbe() {
 	go func() {
 		defer b.probing.Store(false)
 		start := b.mono()
+		before := schedLatencies()
 		ctx, cancel := context.WithTimeout(context.Background(), b.probeTO)
 		defer cancel()
 		err := ping(ctx, b.probe)
@@ -418,12 +427,40 @@ func (b *Backend) kickProbe() {
 			b.lastReply.Store(b.mono())
 		case isReply(err) && !unavailableReply(err):
 			b.lastReply.Store(b.mono())
-		case b.lastReply.Load() > start || took > 2*b.probeTO:
+		case b.lastReply.Load() > start || took > 2*b.probeTO || starved(before, schedLatencies(), b.probeTO/10):
 			b.log.Debug("redis probe inconclusive: this process is starved of CPU", "took", took, "err", err)
 		default:
 			b.br.trip(fmt.Errorf("no answer to a probe within %v: %w", b.probeTO, err))
 		}
 	}()
+}
+
+// schedLatencies returns the runtime's histogram of how long goroutines have waited, runnable,
+// for a CPU, since the process started.
+func schedLatencies() *metrics.Float64Histogram {
+	s := []metrics.Sample{{Name: "/sched/latencies:seconds"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindFloat64Histogram {
+		return nil
+	}
+	return s[0].Value.Float64Histogram()
+}
+
+// starved reports whether, between two samples of schedLatencies, a tenth or more of the waits
+// for a CPU lasted slow or longer.
+func starved(before, after *metrics.Float64Histogram, slow time.Duration) bool {
+	if before == nil || after == nil || len(before.Counts) != len(after.Counts) {
+		return false
+	}
+	var all, long uint64
+	for i, n := range after.Counts {
+		d := n - before.Counts[i]
+		all += d
+		if after.Buckets[i] >= slow.Seconds() { // the bucket's lower bound
+			long += d
+		}
+	}
+	return all > 0 && long*10 >= all
 }
 
 // fromCache answers the batch when the cache knows every request of it is denied. held

@@ -11,11 +11,14 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	goredis "github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+
+	"github.com/rls-project/rls/internal/redistest"
 )
 
 // call is one ShouldRateLimit call of the steady load, with when it started.
@@ -197,4 +200,41 @@ descriptors:
 	}
 	t.Logf("NOT_SERVING %v after SIGTERM, drain at %v; %d calls before SIGTERM, %d in the first half of the delay, %d of %d UNAVAILABLE after",
 		flipped.Sub(sigterm).Round(time.Millisecond), drain.Sub(sigterm).Round(time.Millisecond), before, during, unavailable, len(calls))
+}
+
+// TestShutdownWithRedisStalled: on SIGTERM, a Redis that has stopped answering (CLIENT PAUSE)
+// keeps rls no longer than --shutdown-timeout plus the second closing the backend may take,
+// though the pipeline in flight would wait for Redis for the socket's 5 s read timeout.
+func TestShutdownWithRedisStalled(t *testing.T) {
+	r := redistest.Start(t)
+	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"shop.yaml": coreRules}),
+		"--backend", "redis", "--redis-url", r.URL(), "--redis-timeout", "5s", "--redis-read-timeout", "5s",
+		"--shutdown-delay", "0s", "--shutdown-timeout", "500ms")
+	c := p.client(t)
+	ask := func() error {
+		_, err := c.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "shop",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "api_key", Value: "s"}}}}})
+		return err
+	}
+	if err := ask(); err != nil {
+		t.Fatal(err)
+	}
+	admin := goredis.NewClient(&goredis.Options{Addr: r.Addr()})
+	defer admin.Close()
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", "6000", "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Do(context.Background(), "CLIENT", "UNPAUSE")
+	for range 8 {
+		go ask() // in flight, waiting for Redis
+	}
+	time.Sleep(200 * time.Millisecond)
+	start := time.Now()
+	p.Signal(t, syscall.SIGTERM)
+	select {
+	case <-p.Done():
+		t.Logf("exited %v after SIGTERM", time.Since(start).Round(time.Millisecond))
+	case <-time.After(4 * time.Second):
+		t.Fatalf("rls still running 4 s after SIGTERM with --shutdown-timeout 500ms\n%s", p.Output())
+	}
 }

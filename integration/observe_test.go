@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -84,6 +85,7 @@ func TestMetricsCountExactly(t *testing.T) {
 		`rls_config_loads_total{result="failure"}`:                              "0",
 		`rls_config_generation`:                      "1",
 		`rls_backend_request_duration_seconds_count`: "12",
+		`rls_memory_evictions_total`:                 "0",
 		`grpc_server_handled_total{grpc_code="OK",grpc_method="ShouldRateLimit",grpc_service="envoy.service.ratelimit.v3.RateLimitService",grpc_type="unary"}`: "12",
 	}
 	got := metricValues(t, p.HTTPAddr)
@@ -91,6 +93,13 @@ func TestMetricsCountExactly(t *testing.T) {
 		if got[k] != v {
 			t.Errorf("%s = %q, want %q", k, got[k], v)
 		}
+	}
+	// The memory backend holds the keys still using their hour: k1, k2, k3, /x and alice at least.
+	if n, err := strconv.Atoi(got["rls_memory_keys"]); err != nil || n < 5 {
+		t.Errorf("rls_memory_keys = %q, want at least 5", got["rls_memory_keys"])
+	}
+	if n, err := strconv.Atoi(got["rls_memory_bytes"]); err != nil || n <= 0 {
+		t.Errorf("rls_memory_bytes = %q, want above 0", got["rls_memory_bytes"])
 	}
 	for k := range got {
 		if strings.Contains(k, "k1") || strings.Contains(k, "/x") {

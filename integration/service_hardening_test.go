@@ -2,9 +2,11 @@ package integration
 
 import (
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -15,6 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"golang.org/x/net/http2"
 
 	"github.com/rls-project/rls/internal/redistest"
 )
@@ -161,5 +165,42 @@ func TestServiceInvalidUTF8(t *testing.T) {
 	err = conn.Invoke(ctxT(t), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &req, &out, grpc.ForceCodecV2(svcRawCodec{}))
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "value is not valid UTF-8") {
 		t.Fatalf("got %v, want InvalidArgument: value is not valid UTF-8", err)
+	}
+}
+
+// TestGRPCConnectionBounds: the gRPC listener tells clients, in its HTTP/2 SETTINGS, how many
+// calls one connection may carry at once and how large a call's headers may be: gRPC's own
+// defaults (no bound on calls, 16 MiB of headers each) let one connection hold any amount of
+// memory with calls that never send.
+func TestGRPCConnectionBounds(t *testing.T) {
+	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"shop.yaml": coreRules}), "--grpc-max-concurrent-streams", "300")
+	conn, err := net.DialTimeout("tcp", p.GRPCAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, http2.ClientPreface); err != nil {
+		t.Fatal(err)
+	}
+	fr := http2.NewFramer(conn, conn)
+	if err := fr.WriteSettings(); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		f, err := fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		sf, ok := f.(*http2.SettingsFrame)
+		if !ok || sf.IsAck() {
+			continue
+		}
+		streams, ok1 := sf.Value(http2.SettingMaxConcurrentStreams)
+		headers, ok2 := sf.Value(http2.SettingMaxHeaderListSize)
+		if !ok1 || streams != 300 || !ok2 || headers != 64<<10 {
+			t.Fatalf("server SETTINGS: max concurrent streams %d (sent %v), max header list size %d (sent %v); want 300 and 65536", streams, ok1, headers, ok2)
+		}
+		return
 	}
 }

@@ -170,6 +170,22 @@ func registerBackendMetrics(reg prometheus.Registerer, be backend.Backend) {
 			return 0
 		}))
 	}
+	if m, ok := be.(backend.MemoryStats); ok {
+		reg.MustRegister(
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "rls_memory_keys",
+				Help: "Keys the memory backend holds.",
+			}, func() float64 { return float64(m.Len()) }),
+			prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+				Name: "rls_memory_bytes",
+				Help: "Bytes the memory backend's keys take, as counted against --memory-max-bytes.",
+			}, func() float64 { return float64(m.Bytes()) }),
+			prometheus.NewCounterFunc(prometheus.CounterOpts{
+				Name: "rls_memory_evictions_total",
+				Help: "Keys the memory backend forgot while they still held usage, to stay within its bounds: each may over-admit up to its burst. Above 0, raise --memory-max-bytes.",
+			}, func() float64 { return float64(m.Evictions()) }),
+		)
+	}
 	if c, ok := be.(backend.CacheStats); ok {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rls_local_cache_hits_total",

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"slices"
 	"strings"
@@ -45,6 +46,7 @@ type serveConfig struct {
 	responseHeaders string
 	reflection      bool
 	keepaliveMin    time.Duration
+	maxStreams      uint
 	maxConnAge      time.Duration
 	maxConnAgeGrace time.Duration
 	tlsCert         string
@@ -102,6 +104,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
 	fs.StringVar(&c.responseHeaders, "response-headers", "none", "rate-limit headers rls adds: none (Envoy adds its own), draft (RateLimit, RateLimit-Policy) or legacy (RateLimit-Limit/-Remaining/-Reset)")
 	fs.BoolVar(&c.reflection, "grpc-reflection", true, "serve gRPC reflection (for grpcurl)")
+	fs.UintVar(&c.maxStreams, "grpc-max-concurrent-streams", 1024, "concurrent calls one gRPC connection may carry; a client needing more opens another connection, as Envoy does (each open call holds memory, so this bounds what one connection can take)")
 	fs.DurationVar(&c.keepaliveMin, "grpc-keepalive-min-time", 10*time.Second, "shortest interval between client keepalive pings accepted, with or without streams (Envoy pings every 30s)")
 	fs.DurationVar(&c.maxConnAge, "grpc-max-connection-age", 10*time.Minute, "close connections after this long (with GOAWAY) so clients spread over new replicas; 0 never")
 	fs.DurationVar(&c.maxConnAgeGrace, "grpc-max-connection-age-grace", 30*time.Second, "time in-flight calls get to finish after a max-age GOAWAY")
@@ -336,6 +339,10 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 	interceptors = append(interceptors, recovery.UnaryServerInterceptor(recovered))
 	opts := append([]grpc.ServerOption{
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: c.keepaliveMin, PermitWithoutStream: true}),
+		// Bounds on what one connection can hold: calls open at once, and each call's headers
+		// (gRPC's own default is 16 MiB of headers per call, with no bound on calls).
+		grpc.MaxConcurrentStreams(uint32(min(c.maxStreams, math.MaxUint32))),
+		grpc.MaxHeaderListSize(grpcMaxHeaderBytes),
 		grpc.ChainUnaryInterceptor(interceptors...),
 		// Streams (RLQS) too: a panic ends the stream with INTERNAL, not the process.
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recovered)),
@@ -357,6 +364,10 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 	}
 	return grpc.NewServer(opts...), nil
 }
+
+// grpcMaxHeaderBytes bounds the headers (metadata) of one gRPC call: Envoy's rate-limit calls
+// carry a few hundred bytes.
+const grpcMaxHeaderBytes = 64 << 10
 
 func rulesSource(c serveConfig) string {
 	switch {

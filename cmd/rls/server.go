@@ -88,6 +88,9 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	if s.failure, err = service.ParseFailureMode(c.failureMode); err != nil {
 		return nil, fmt.Errorf("--failure-mode: %w", err)
 	}
+	if c.maxStreams == 0 {
+		return nil, errors.New("--grpc-max-concurrent-streams 0: want at least 1")
+	}
 	if !(c.nearLimitRatio >= 0 && c.nearLimitRatio <= 1) { // NaN too
 		return nil, fmt.Errorf("--near-limit-ratio %v: want a value in [0, 1]", c.nearLimitRatio)
 	}
@@ -319,6 +322,28 @@ func (s *server) drain(ctx context.Context) {
 	}
 }
 
+// backendCloseTimeout is how long closing waits for the backend: a Redis that stopped answering
+// holds the pipeline in flight until the socket's read timeout, which must not keep the process
+// past its shutdown timeout by more than this.
+const backendCloseTimeout = time.Second
+
+// closeWithin calls closeFn and waits for it at most d; past d it logs and returns, leaving it
+// to finish (or to end with the process).
+func closeWithin(log *slog.Logger, what string, d time.Duration, closeFn func() error) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = closeFn()
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-done:
+	case <-t.C:
+		log.Warn(what+" did not close in time; going on without it", "waited", d)
+	}
+}
+
 // close releases everything newServer opened; it is safe on a server built halfway.
 func (s *server) close() {
 	s.stopReload()
@@ -329,7 +354,7 @@ func (s *server) close() {
 		}
 	}
 	if s.be != nil {
-		s.be.Close()
+		closeWithin(s.log, "backend", backendCloseTimeout, s.be.Close)
 	}
 	if s.local != nil {
 		s.local.Close()

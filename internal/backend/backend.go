@@ -84,6 +84,15 @@ type CacheStats interface {
 	CacheHits() uint64
 }
 
+// MemoryStats is implemented by a Backend that keeps its keys in this process within a bound:
+// how many keys and bytes it holds, and how many keys it has forgotten while they still held
+// usage to stay within the bound (each may over-admit up to its burst).
+type MemoryStats interface {
+	Len() int
+	Bytes() int64
+	Evictions() uint64
+}
+
 // Admitted reports whether a batch with these decisions is admitted: no Enforce request denied,
 // and not every Quota request denied. Refunds are always allowed.
 func Admitted(reqs []Request, out []Decision) bool { return verdict(reqs, out, false) }

@@ -106,6 +106,8 @@ func NewMemory(opts MemoryOptions) (*Memory, error) {
 	return m, nil
 }
 
+var _ MemoryStats = (*Memory)(nil)
+
 // Len returns the number of keys held.
 func (m *Memory) Len() int {
 	n := 0

@@ -317,3 +317,23 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 	}
 	return m.GetCounter().GetValue()
 }
+
+// TestJSONTooLarge: a body over the bound is answered 413, at once when its Content-Length says
+// so, and when it is found reading (chunked, no length).
+func TestJSONTooLarge(t *testing.T) {
+	f := newFixture(t, Options{})
+	h := f.svc.JSONHandler()
+	big := `{"domain":"api","descriptors":[{"entries":[{"key":"key","value":"` + strings.Repeat("x", maxJSONBody) + `"}]}]}`
+	for _, declared := range []bool{true, false} {
+		req := httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(big))
+		req.Header.Set("Content-Type", "application/json")
+		if !declared {
+			req.ContentLength = -1 // unknown, as with chunked encoding
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusRequestEntityTooLarge || !strings.Contains(rec.Body.String(), "over") {
+			t.Errorf("declared length %v: %d %q, want 413 saying the body is too large", declared, rec.Code, rec.Body)
+		}
+	}
+}

@@ -1,6 +1,8 @@
 package service
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -71,9 +73,21 @@ func readRequest(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitReques
 		http.Error(w, "Content-Type must be application/json", http.StatusUnsupportedMediaType)
 		return nil, false
 	}
+	tooLarge := fmt.Sprintf("the body is over %d bytes", maxJSONBody)
+	if r.ContentLength > maxJSONBody {
+		// Said up front: answered before reading any of it.
+		http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
+		return nil, false
+	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
 	if err != nil {
-		http.Error(w, "reading body: "+err.Error(), http.StatusBadRequest)
+		var mb *http.MaxBytesError
+		if errors.As(err, &mb) {
+			http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
+		} else {
+			// The error's own text can name sockets: the client needs only what went wrong.
+			http.Error(w, "reading body: incomplete or timed out", http.StatusBadRequest)
+		}
 		return nil, false
 	}
 	var req rlsv3.RateLimitRequest

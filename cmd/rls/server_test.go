@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -436,15 +437,25 @@ func TestBackendCapabilities(t *testing.T) {
 		t.Errorf("unhealthy: %v, want rls_backend_up 0", got)
 	}
 
-	// Without the capabilities, neither metric exists.
-	mem, err := backend.NewMemory(backend.MemoryOptions{MaxKeys: 10})
+	// The memory backend has neither capability, and reports its own: keys, bytes, evictions.
+	mem, err := backend.NewMemory(backend.MemoryOptions{MaxKeys: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg = prometheus.NewRegistry()
 	registerBackendMetrics(reg, mem)
-	if got := gather(); len(got) != 0 {
-		t.Errorf("memory backend: metrics %v, want none", got)
+	if got := gather(); len(got) != 3 || got["rls_memory_keys"] != 0 || got["rls_memory_evictions_total"] != 0 {
+		t.Errorf("memory backend, empty: metrics %v, want rls_memory_keys, rls_memory_bytes and rls_memory_evictions_total, all 0", got)
+	}
+	// 200 keys holding usage (1 an hour) in a backend of 64: the rest are evicted, and counted.
+	l := backend.Limit{Rate: 1, Period: time.Hour, Burst: 1}
+	for i := range 200 {
+		if _, err := mem.Decide(context.Background(), []backend.Request{{Key: fmt.Sprint("k", i), Limit: l, Cost: 1}}, make([]backend.Decision, 1)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := gather(); got["rls_memory_keys"] == 0 || got["rls_memory_keys"] > 64 || got["rls_memory_bytes"] <= 0 || got["rls_memory_evictions_total"] != 200-got["rls_memory_keys"] {
+		t.Errorf("memory backend, 200 keys into 64: metrics %v, want keys ≤ 64, the rest evicted", got)
 	}
 
 	// A reload purges the cache, once per rule set applied.

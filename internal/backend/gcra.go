@@ -258,7 +258,7 @@ func (t tick) state(l Limit) State {
 
 // Decide applies GCRA: it charges cost requests to the key whose state is s, at time now
 // (microseconds), and returns the new state and the decision. A denied decision describes the
-// state s; the returned state is s, unless l.Overdraft (below). A cost of 0 only checks: it is
+// state s, which it returns, unless l.Overdraft (below). A cost of 0 only checks: it is
 // admitted while the key is not past its limit, with exactly 0 remaining included. A cost above
 // the burst can never be admitted: it is denied with Remaining and ResetAfter as for any denial
 // and RetryAfter the time to a full burst (ResetAfter) plus one full burst span
@@ -268,9 +268,11 @@ func (t tick) state(l Limit) State {
 //
 // Under l.Overdraft a cost above 0 that does not fit is denied but charged all the same (up to
 // MaxCharge, the debt saturating at now + MaxTolerance): the key goes into debt, its TAT past
-// now plus a full burst. While in debt Remaining is 0 and every request with a cost, and every
-// check, is denied; a check's RetryAfter is then the time until the debt is repaid, when a
-// check is admitted again.
+// now plus a full burst. Its decision describes the key after the charge: Remaining 0,
+// RetryAfter the time until the debt is repaid and ResetAfter the time until a full burst is
+// back. While in debt Remaining is 0 and every request with a cost, and every check, is denied;
+// a check's RetryAfter is then the time until the debt is repaid, when a check is admitted
+// again.
 func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{RetryAfter: l.Period}
@@ -292,13 +294,20 @@ func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
 	}
 	reset := ceilDuration(sub(tat, nowT, l.Rate))
 	cost = l.ClampCost(cost)
+	if l.Overdraft && cost > 0 && (cost > l.Burst || nowT.less(sub(add(tat, interval(cost, l), l.Rate), full, l.Rate))) {
+		// Denied and charged all the same: the answer describes the key after the charge, in
+		// debt, usable again once the debt is repaid.
+		ns := overdrawn(tat, l, now, cost)
+		t := tick{us: ns.TAT, frac: ns.Frac}
+		return ns, Decision{RetryAfter: ceilDuration(sub(sub(t, full, l.Rate), nowT, l.Rate)), ResetAfter: ceilDuration(sub(t, nowT, l.Rate))}
+	}
 	if cost > l.Burst {
-		return overdraw(s, tat, l, now, cost), Decision{Remaining: remaining, RetryAfter: ceilDuration(full) + reset, ResetAfter: reset}
+		return s, Decision{Remaining: remaining, RetryAfter: ceilDuration(full) + reset, ResetAfter: reset}
 	}
 	newTAT := add(tat, interval(cost, l), l.Rate)
 	allowAt := sub(newTAT, full, l.Rate)
 	if nowT.less(allowAt) {
-		return overdraw(s, tat, l, now, cost), Decision{
+		return s, Decision{
 			Remaining:  remaining,
 			RetryAfter: ceilDuration(sub(allowAt, nowT, l.Rate)),
 			ResetAfter: reset,
@@ -332,16 +341,8 @@ func windowAlg(a Algorithm) *windowOps {
 	return &windowAlgs[a]
 }
 
-// overdraw returns the state after a denied charge of cost (0 ≤ cost ≤ l.MaxCharge()) on the
-// TAT tat: s unless l.Overdraft and cost > 0, else tat + cost×T, saturated at now + MaxTolerance.
-func overdraw(s State, tat tick, l Limit, now int64, cost int64) State {
-	if !l.Overdraft || cost <= 0 {
-		return s
-	}
-	return overdrawn(tat, l, now, cost)
-}
-
-// overdrawn is overdraw's charge into debt, apart so that overdraw stays inlined.
+// overdrawn returns the state after a denied charge of cost (0 < cost ≤ l.MaxCharge()) under
+// l.Overdraft on the TAT tat: tat + cost×T, saturated at now + MaxTolerance.
 func overdrawn(tat tick, l Limit, now int64, cost int64) State {
 	// room ≥ 0: current never reaches past now + MaxTolerance.
 	room := sub(add(tick{us: now}, maxSpan, l.Rate), tat, l.Rate)

@@ -326,9 +326,10 @@ func TestOverdraftSteps(t *testing.T) {
 	}{
 		{"overdraft", true, []step{
 			{"report 800", t0, 800, true, 200, 0, 48 * time.Second},
-			{"report 5000 goes over: charged", t0, 5000, false, 200, 60*time.Second + 48*time.Second, 48 * time.Second},
+			// Answered as the key is after the charge: in debt, repaid in 288 s, full at 348 s.
+			{"report 5000 goes over: charged", t0, 5000, false, 0, 288 * time.Second, 348 * time.Second},
 			{"check in debt", t0, 0, false, 0, 288 * time.Second, 348 * time.Second},
-			{"report 1 in debt: charged", t0 + sec, 1, false, 0, 288*time.Second + 60*time.Millisecond - time.Second, 347 * time.Second},
+			{"report 1 in debt: charged", t0 + sec, 1, false, 0, 288*time.Second + 60*time.Millisecond - time.Second, 347*time.Second + 60*time.Millisecond},
 			{"check just before repaid", t0 + 288*sec + 60*ms - 1, 0, false, 0, time.Microsecond, 60*time.Second + time.Microsecond},
 			{"check when repaid: exactly 0 remaining is admitted", t0 + 288*sec + 60*ms, 0, true, 0, 0, 60 * time.Second},
 			{"a request with hits when repaid", t0 + 288*sec + 60*ms + 60*ms, 1, true, 0, 0, 60 * time.Second},

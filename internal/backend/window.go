@@ -243,12 +243,14 @@ func decideFixed(s State, l Limit, now, cost int64) (State, Decision) {
 		}
 		return fixedState(l, end, n), d
 	}
+	if l.Overdraft && cost > 0 {
+		// Denied and charged all the same: the answer describes the window after the charge,
+		// spent until it ends.
+		return fixedState(l, end, min(count+cost, maxWindowCount)), Decision{RetryAfter: since(end, now), ResetAfter: since(end, now)}
+	}
 	d := Decision{Remaining: max(l.Rate-count, 0), RetryAfter: since(end, now), ResetAfter: reset}
 	if cost > l.Rate {
 		d.RetryAfter += l.Period // never admitted: no sooner than a window after the reset
-	}
-	if l.Overdraft && cost > 0 {
-		return fixedState(l, end, min(count+cost, maxWindowCount)), d
 	}
 	return s, d
 }

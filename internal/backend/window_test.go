@@ -145,7 +145,7 @@ func TestFixedWindowOverdraft(t *testing.T) {
 	l := backendtest.PerMinute(backend.FixedWindow, 3)
 	l.Overdraft = true
 	runSteps(t, l, t0, []step{
-		{at: 0, cost: 5, remaining: 3, retry: 120 * s}, // charged into the window: 5 of 3
+		{at: 0, cost: 5, remaining: 0, retry: 60 * s, reset: 60 * s}, // charged into the window: 5 of 3, spent until it ends
 		{at: 10 * s, cost: 0, remaining: 0, retry: 50 * s, reset: 50 * s},
 		{at: 20 * s, cost: 2, refund: true, allowed: true, remaining: 0, reset: 40 * s}, // 3 of 3
 		{at: 30 * s, cost: 0, allowed: true, remaining: 0, reset: 30 * s},

@@ -94,7 +94,7 @@ func TestUsageSequence(t *testing.T) {
 	}{
 		{"check", "api_key", u64(0), 0, 0, "OK OK", 1000, 0},
 		{"report 800", "api_key", u64(800), 0, 0, "OK OK", 200, 48 * time.Second},
-		{"report 5000: over, charged", "api_key", u64(5000), 0, 0, "OVER_LIMIT OVER_LIMIT", 200, 108 * time.Second},
+		{"report 5000: over, charged, answered as the key is after it", "api_key", u64(5000), 0, 0, "OVER_LIMIT OVER_LIMIT", 0, 288 * time.Second},
 		{"check in debt", "api_key", u64(0), 0, 0, "OVER_LIMIT OVER_LIMIT", 0, 288 * time.Second},
 		{"request-level hits_addend 0 means 1: denied in debt", "api_key", nil, 0, 0, "OVER_LIMIT OVER_LIMIT", 0, 288*time.Second + 60*time.Millisecond},
 		{"check a microsecond before repaid", "api_key", u64(0), 0, 288*time.Second + 60*time.Millisecond - time.Microsecond, "OVER_LIMIT OVER_LIMIT", 0, time.Microsecond},

@@ -209,12 +209,9 @@ local function current(s, L, now)
   return add(now, 0, hus, hf, rate)
 end
 
--- overdraw is gcra.go's overdraw: the state after a denied charge of cost on the TAT (tus, tf):
--- s unless overdraft, else the TAT plus the cost, saturated at now + MAX_TOLERANCE.
-local function overdraw(s, L, now, tus, tf, cost)
-  if not L[10] or cost <= 0 then
-    return s
-  end
+-- overdrawn is gcra.go's overdrawn: the state after a denied charge of cost > 0 under overdraft
+-- on the TAT (tus, tf), the TAT plus the cost, saturated at now + MAX_TOLERANCE.
+local function overdrawn(L, now, tus, tf, cost)
   local rate = L[1]
   local rus, rf = sub(now + MAX_TOLERANCE, 0, tus, tf, rate)
   local cus, cf = interval(cost, L)
@@ -223,6 +220,16 @@ local function overdraw(s, L, now, tus, tf, cost)
   end
   local nus, nf = add(tus, tf, cus, cf, rate)
   return {nus, nf, rate, L[2]}
+end
+
+-- debt is gcra.go's Decide for a denied charge under overdraft, charged all the same: the state
+-- after it, and a decision describing that state: 0 remaining, retry once the debt is repaid,
+-- reset once a full burst is back.
+local function debt(L, now, tus, tf, cost)
+  local rate = L[1]
+  local ns = overdrawn(L, now, tus, tf, cost)
+  local rus, rf = sub(ns[1], ns[2], L[6], L[7], rate)
+  return ns, 0, 0, ceil_us(sub(rus, rf, now, 0, rate)), ceil_us(sub(ns[1], ns[2], now, 0, rate))
 end
 
 -- decide is gcra.go's Decide: the new state (s itself when denied) and the decision.
@@ -255,15 +262,21 @@ local function decide(s, L, now, cost)
     cost = 0
   end
   if cost > L[3] then
+    if L[10] and cost > 0 then
+      return debt(L, now, tus, tf, cost)
+    end
     -- Never admitted: retry no sooner than a full burst after the key is back to one.
     local reset = ceil_us(sub(tus, tf, now, 0, rate))
-    return overdraw(s, L, now, tus, tf, cost), 0, remaining, ceil_us(L[6], L[7]) + reset, reset
+    return s, 0, remaining, ceil_us(L[6], L[7]) + reset, reset
   end
   local cus, cf = interval(cost, L)
   local nus, nf = add(tus, tf, cus, cf, rate)
   local wus, wf = sub(nus, nf, L[6], L[7], rate)
   if less(now, 0, wus, wf) then
-    return overdraw(s, L, now, tus, tf, cost), 0, remaining, ceil_us(sub(wus, wf, now, 0, rate)), ceil_us(sub(tus, tf, now, 0, rate))
+    if L[10] and cost > 0 then
+      return debt(L, now, tus, tf, cost)
+    end
+    return s, 0, remaining, ceil_us(sub(wus, wf, now, 0, rate)), ceil_us(sub(tus, tf, now, 0, rate))
   end
   return {nus, nf, rate, L[2]}, 1, remaining - cost, 0, ceil_us(sub(nus, nf, now, 0, rate))
 end
@@ -462,15 +475,16 @@ local function wdecide(s, W, now, cost)
       end
       return {W.stop, n, rate, period, 1, 0}, 1, rate - n, 0, r
     end
+    if W[10] and cost > 0 then
+      -- Charged all the same (window.go's decideFixed): the window is spent until it ends.
+      local r = left(W.stop, now)
+      return {W.stop, math.min(count + cost, MAX_WINDOW_COUNT), rate, period, 1, 0}, 0, 0, r, r
+    end
     local retry = left(W.stop, now)
     if cost > rate then
       retry = retry + period
     end
-    local ns = s
-    if W[10] and cost > 0 then
-      ns = {W.stop, math.min(count + cost, MAX_WINDOW_COUNT), rate, period, 1, 0}
-    end
-    return ns, 0, math.max(rate - count, 0), retry, reset
+    return s, 0, math.max(rate - count, 0), retry, reset
   elseif alg == 2 then
     local cur, prev = counts(s, W)
     local u = used(W, cur, prev, now)

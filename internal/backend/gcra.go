@@ -294,19 +294,18 @@ func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
 	}
 	reset := ceilDuration(sub(tat, nowT, l.Rate))
 	cost = l.ClampCost(cost)
-	if l.Overdraft && cost > 0 && (cost > l.Burst || nowT.less(sub(add(tat, interval(cost, l), l.Rate), full, l.Rate))) {
-		// Denied and charged all the same: the answer describes the key after the charge, in
-		// debt, usable again once the debt is repaid.
-		ns := overdrawn(tat, l, now, cost)
-		t := tick{us: ns.TAT, frac: ns.Frac}
-		return ns, Decision{RetryAfter: ceilDuration(sub(sub(t, full, l.Rate), nowT, l.Rate)), ResetAfter: ceilDuration(sub(t, nowT, l.Rate))}
-	}
 	if cost > l.Burst {
+		if l.Overdraft {
+			return debt(tat, l, now, cost)
+		}
 		return s, Decision{Remaining: remaining, RetryAfter: ceilDuration(full) + reset, ResetAfter: reset}
 	}
 	newTAT := add(tat, interval(cost, l), l.Rate)
 	allowAt := sub(newTAT, full, l.Rate)
 	if nowT.less(allowAt) {
+		if l.Overdraft && cost > 0 {
+			return debt(tat, l, now, cost)
+		}
 		return s, Decision{
 			Remaining:  remaining,
 			RetryAfter: ceilDuration(sub(allowAt, nowT, l.Rate)),
@@ -339,6 +338,18 @@ func windowAlg(a Algorithm) *windowOps {
 		return nil
 	}
 	return &windowAlgs[a]
+}
+
+// debt is Decide for a denied charge of cost > 0 under l.Overdraft, charged all the same: the
+// state after it, and a decision describing that state (in debt: 0 remaining, usable again
+// once the debt is repaid, a full burst back at its TAT).
+func debt(tat tick, l Limit, now int64, cost int64) (State, Decision) {
+	ns := overdrawn(tat, l, now, cost)
+	t, nowT := tick{us: ns.TAT, frac: ns.Frac}, tick{us: now}
+	return ns, Decision{
+		RetryAfter: ceilDuration(sub(sub(t, interval(l.Burst, l), l.Rate), nowT, l.Rate)),
+		ResetAfter: ceilDuration(sub(t, nowT, l.Rate)),
+	}
 }
 
 // overdrawn returns the state after a denied charge of cost (0 < cost ≤ l.MaxCharge()) under

@@ -145,7 +145,6 @@ func policyOf(r *descriptors.Rule) policy {
 	}}
 }
 
-// ruleName names a rule in metrics: its path, or "_none_" for buckets without one.
 // domainLabel is a domain as a metric label: a domain of the rules, or "_unknown_" for any
 // other, so that clients cannot add series by naming domains.
 func domainLabel(rs *descriptors.RuleSet, domain string) string {
@@ -155,6 +154,7 @@ func domainLabel(rs *descriptors.RuleSet, domain string) string {
 	return "_unknown_"
 }
 
+// ruleName names a rule in metrics: its path, or "_none_" for buckets without one.
 func ruleName(r *descriptors.Rule) string {
 	if r == nil {
 		return "_none_"

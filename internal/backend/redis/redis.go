@@ -319,12 +319,15 @@ func (b *Backend) Close() error {
 
 // Budget returns how long a decision asked with ctx may take: the caller's deadline less a
 // margin, capped by Options.Timeout.
-func (b *Backend) Budget(ctx context.Context) time.Duration {
+func (b *Backend) Budget(ctx context.Context) time.Duration { return b.budgetAt(ctx, time.Now()) }
+
+// budgetAt is Budget at the instant now.
+func (b *Backend) budgetAt(ctx context.Context, now time.Time) time.Duration {
 	d, ok := ctx.Deadline()
 	if !ok {
 		return b.timeout
 	}
-	left := time.Until(d)
+	left := d.Sub(now)
 	return min(b.timeout, left-max(left/10, time.Millisecond))
 }
 
@@ -357,12 +360,13 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 		b.jobs.Put(j)
 		return false, errOpen
 	}
-	budget := b.Budget(ctx)
+	now := time.Now()
+	budget := b.budgetAt(ctx, now)
 	if budget <= 0 {
 		b.jobs.Put(j)
 		return false, errShed
 	}
-	switch b.co.do(j.p, time.Now().Add(budget), ctx.Done()) {
+	switch b.co.do(j.p, now.Add(budget), ctx.Done()) {
 	case unsent:
 		b.jobs.Put(j)
 		return false, b.ranOut()
@@ -370,11 +374,6 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 		// The job may belong to its sender still: leave it.
 		return false, b.ranOut()
 	case canceled:
-		if errors.Is(ctx.Err(), context.DeadlineExceeded) {
-			// The caller's deadline passed first, which the budget's never should: time went
-			// to waiting for a CPU.
-			return false, b.ranOut()
-		}
 		return false, fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
 	}
 	admitted, err := j.settleCalls(ctx, b, reqs, out)

@@ -604,26 +604,40 @@ func TestRLQSStateLost(t *testing.T) {
 	if err := rdb.Del(context.Background(), keys...).Err(); err != nil {
 		t.Fatal(err)
 	}
-	// The ticks that follow decide again; any assignment they send must still admit.
-	deadline := time.Now().Add(time.Second)
-	for time.Now().Before(deadline) {
-		type recv struct {
-			resp *rlqspb.RateLimitQuotaResponse
-			err  error
+	// The ticks that follow decide again and send the share anew (the store's record of it is
+	// gone); every assignment they send must still admit.
+	type recv struct {
+		resp *rlqspb.RateLimitQuotaResponse
+		err  error
+	}
+	ch := make(chan recv, 16)
+	go func() {
+		for {
+			r, err := s.Recv()
+			ch <- recv{r, err}
+			if err != nil {
+				return
+			}
 		}
-		ch := make(chan recv, 1)
-		go func() { r, err := s.Recv(); ch <- recv{r, err} }()
+	}()
+	sent := 0
+	deadline := time.After(time.Second)
+	for {
 		select {
 		case r := <-ch:
 			if r.err != nil {
 				t.Fatal(r.err)
 			}
 			for _, a := range r.resp.GetBucketAction() {
+				sent++
 				if st := a.GetQuotaAssignmentAction().GetRateLimitStrategy(); rate(st) == 0 {
 					t.Fatalf("after the bucket's state was lost: %v, want a share for the demand reported", st)
 				}
 			}
-		case <-time.After(time.Until(deadline)):
+		case <-deadline:
+			if sent == 0 {
+				t.Fatal("no assignment within a second of the bucket's state being lost (ticks every 50 ms)")
+			}
 			return
 		}
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -143,16 +144,97 @@ func BenchmarkScript(b *testing.B) {
 	}
 }
 
+// minimalGCRA is the baseline for BenchmarkScript: the least a GCRA script can do per key in
+// integer microseconds (one burst, cost 1, no state format, no other algorithm, no batch rules):
+// TIME once, the keys' TATs with one MGET, then per key the decision and, when admitted, a SET
+// with its expiry. ARGV[1] is the emission interval and ARGV[2] the burst's tolerance, in us.
+const minimalGCRA = `
+local t = redis.call("TIME")
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local interval, tolerance = tonumber(ARGV[1]), tonumber(ARGV[2])
+local tats = redis.call("MGET", unpack(KEYS))
+local out = {}
+for i = 1, #KEYS do
+  local tat = tonumber(tats[i]) or now
+  if tat < now then tat = now end
+  local new = tat + interval
+  if new - now > tolerance then
+    out[i] = 0
+  else
+    redis.call("SET", KEYS[i], new, "PX", math.ceil((new - now) / 1000))
+    out[i] = 1
+  end
+end
+return out
+`
+
+// BenchmarkScriptBaseline measures what BenchmarkScript does, for the same calls, with the
+// least script (minimalGCRA) and with a bare INCR and PEXPIRE per key (the least any limiter
+// that stores per-key state with an expiry asks of Redis): the baselines for rls's script's time
+// on the machine at hand, measured in the same run.
+func BenchmarkScriptBaseline(b *testing.B) {
+	ctx := context.Background()
+	for _, n := range []int{1, 14, 64} {
+		b.Run(fmt.Sprintf("minimal/merged=%d", n), func(b *testing.B) {
+			be := newTestBackend(b, singleEnv, Options{})
+			sha, err := be.rdb.ScriptLoad(ctx, minimalGCRA).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			keys := make([]string, n)
+			if err := be.rdb.ConfigResetStat(ctx).Err(); err != nil {
+				b.Fatal(err)
+			}
+			var decisions int64
+			for r := 0; b.Loop(); r++ {
+				for i := range keys {
+					keys[i] = fmt.Sprintf("%sm%d-%d", be.prefix, r%1000, i)
+				}
+				// 1 us per request, a burst of 10^6: every call is admitted, as in BenchmarkScript.
+				if err := be.rdb.EvalSha(ctx, sha, keys, 1, 1_000_000).Err(); err != nil {
+					b.Fatal(err)
+				}
+				decisions += int64(n)
+			}
+			b.ReportMetric(scriptUsec(b, be)/float64(decisions), "redis-µs/decision")
+		})
+	}
+	b.Run("incr+pexpire", func(b *testing.B) {
+		be := newTestBackend(b, singleEnv, Options{})
+		if err := be.rdb.ConfigResetStat(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		var decisions int64
+		for r := 0; b.Loop(); r++ {
+			key := fmt.Sprintf("%si%d", be.prefix, r%1000)
+			if err := be.rdb.Do(ctx, "INCR", key).Err(); err != nil {
+				b.Fatal(err)
+			}
+			if err := be.rdb.Do(ctx, "PEXPIRE", key, 1000).Err(); err != nil {
+				b.Fatal(err)
+			}
+			decisions++
+		}
+		b.ReportMetric(commandUsec(b, be, "cmdstat_incr:", "cmdstat_pexpire:")/float64(decisions), "redis-µs/decision")
+	})
+}
+
 // scriptUsec returns the microseconds Redis spent in EVALSHA and EVAL since its statistics were
 // reset.
 func scriptUsec(b *testing.B, be *Backend) float64 {
+	return commandUsec(b, be, "cmdstat_evalsha:", "cmdstat_eval:")
+}
+
+// commandUsec returns the microseconds Redis spent in the commands whose INFO commandstats
+// lines start with one of prefixes since its statistics were reset.
+func commandUsec(b *testing.B, be *Backend, prefixes ...string) float64 {
 	info, err := be.rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		b.Fatal(err)
 	}
 	var total float64
 	for _, line := range strings.Split(info, "\n") {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
+		if !slices.ContainsFunc(prefixes, func(p string) bool { return strings.HasPrefix(line, p) }) {
 			continue
 		}
 		for _, f := range strings.Split(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {

@@ -134,7 +134,7 @@ func BenchmarkScript(b *testing.B) {
 				if n > 1 {
 					args = mergedArgs(script.Hash(), 0, calls)
 				}
-				if err := be.rdb.Do(ctx, args...).Err(); err != nil {
+				if err := be.rdb.Do(ctx, be.callArgs(args)...).Err(); err != nil {
 					b.Fatal(err)
 				}
 				decisions += int64(n)
@@ -219,10 +219,19 @@ func BenchmarkScriptBaseline(b *testing.B) {
 	})
 }
 
-// scriptUsec returns the microseconds Redis spent in EVALSHA and EVAL since its statistics were
+// callArgs makes args, a call of the script, a call as exec sends it: FCALL while the library is
+// loaded.
+func (b *Backend) callArgs(args []any) []any {
+	if b.fcall.Load() {
+		args[0], args[1] = "fcall", functionName
+	}
+	return args
+}
+
+// scriptUsec returns the microseconds Redis spent in the script (EVALSHA, EVAL, FCALL) since its statistics were
 // reset.
 func scriptUsec(b *testing.B, be *Backend) float64 {
-	return commandUsec(b, be, "cmdstat_evalsha:", "cmdstat_eval:")
+	return commandUsec(b, be, "cmdstat_evalsha:", "cmdstat_eval:", "cmdstat_fcall:")
 }
 
 // commandUsec returns the microseconds Redis spent in the commands whose INFO commandstats
@@ -302,7 +311,7 @@ func BenchmarkAlgorithms(b *testing.B) {
 			decide := func(key string) {
 				c.reset()
 				c.add(key, &backend.Request{Limit: tc.l, Cost: 1}, time.Now().UnixMicro())
-				if err := be.rdb.Do(ctx, decideArgs(script.Hash(), 0, c)...).Err(); err != nil {
+				if err := be.rdb.Do(ctx, be.callArgs(decideArgs(script.Hash(), 0, c))...).Err(); err != nil {
 					b.Fatal(err)
 				}
 			}

@@ -61,11 +61,13 @@
 
 local MAX_TOLERANCE = 100 * 365 * 24 * 3600 * 1000000
 local TWO53 = 9007199254740992
-local floor = math.floor
-local unpack_list = unpack
-local unpack = struct.unpack
-local pack = struct.pack
-local call = redis.call
+-- The library functions used most, bound on the first call (see run): a library of Redis
+-- Functions is loaded in an environment that has none of them.
+local floor, unpack_list, pack, call
+local function bind()
+  floor, unpack_list, pack, call = math.floor, unpack, struct.pack, redis.call
+end
+local unpack
 local fixed_now = false
 
 -- divmod returns floor(a/b) and a mod b for integers 0 <= a < 2^53, 0 < b < 2^53.
@@ -743,25 +745,26 @@ local function request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
   return window(rate, period, burst, alg, od, wa, wb, wc, now)
 end
 
-local op = ARGV[1]
-local now = clock(ARGV[2])
+-- The call being run: its keys, its values and its instant (see run).
+local KEYS_, ARGV_, now
 
-if op == "u" then
-  local args, pos = ARGV[3], 1
-  for i = 1, #KEYS do
+-- undo runs an "u" call.
+local function undo()
+  local args, pos = ARGV_[3], 1
+  for i = 1, #KEYS_ do
     local rate, period, burst, dus, df, od
     local removed, removed_at
     rate, period, burst, dus, df, od, removed, removed_at, pos = unpack("<dddddddd", args, pos)
     local alg = floor(od / 2)
     if alg ~= 0 then
-      local s = load(KEYS[i])
+      local s = load(KEYS_[i])
       local ns = wundo(s, alg, rate, period, dus, df, removed, removed_at)
       if ns then
-        store(KEYS[i], ns, s ~= false, now)
+        store(KEYS_[i], ns, s ~= false, now)
       end
     else
     local L = limit_of(rate, period, burst, od % 2 == 1)
-    local s = load(KEYS[i])
+    local s = load(KEYS_[i])
     local tus, tf = current(s, L, now)
     tus, tf = sub(tus, tf, dus, df, rate)
     if less(tus, tf, now, 0) then
@@ -771,7 +774,7 @@ if op == "u" then
     if less(mus, mf, tus, tf) then
       tus, tf = mus, mf
     end
-    store(KEYS[i], {tus, tf, rate, L[2]}, s ~= false, now)
+    store(KEYS_[i], {tus, tf, rate, L[2]}, s ~= false, now)
     end
   end
   return ""
@@ -779,7 +782,7 @@ end
 
 -- states holds per key the state after the batches of this call charged so far, stored the
 -- state before them: only keys whose state changed are written, once, at the end.
-local states, stored = {}, {}
+local states, stored
 
 local function state(key)
   local s = states[key]
@@ -794,11 +797,11 @@ end
 -- the whole call instead of a GET per key. (MGET reads a key of another type as none; the SET
 -- that stores a state would overwrite it anyway.)
 local function prefetch()
-  for i = 1, #KEYS, 1000 do
-    local j = math.min(i + 999, #KEYS)
-    local vals = call("MGET", unpack_list(KEYS, i, j))
+  for i = 1, #KEYS_, 1000 do
+    local j = math.min(i + 999, #KEYS_)
+    local vals = call("MGET", unpack_list(KEYS_, i, j))
     for k = i, j do
-      local key = KEYS[k]
+      local key = KEYS_[k]
       if states[key] == nil then
         local s = parse(vals[k - i + 1])
         states[key], stored[key] = s, s
@@ -808,7 +811,7 @@ local function prefetch()
 end
 
 -- out collects the reply's packed parts; nout is its length.
-local out, nout = {}, 0
+local out, nout
 local function emit(p)
   nout = nout + 1
   out[nout] = p
@@ -837,10 +840,10 @@ local function refuses(L, cost, refunds)
   return not (L[10] and cost > 0 and not refunds)
 end
 
--- single decides a batch of one key, KEYS[k0 + 1], as batch does, without its tables: most
+-- single decides a batch of one key, KEYS_[k0 + 1], as batch does, without its tables: most
 -- batches are one descriptor under one limit.
 local function single(k0, args, quota_refuse)
-  local key = KEYS[k0 + 1]
+  local key = KEYS_[k0 + 1]
   local rate, period, burst, cost, flags, wa, wb, wc = unpack("<dddddddd", args)
   local refunds, mode, od, alg = split(flags)
   local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
@@ -863,7 +866,7 @@ local function single(k0, args, quota_refuse)
   return 1
 end
 
--- batch decides the batch of n keys from KEYS[k0 + 1] on, appending its reply to out.
+-- batch decides the batch of n keys from KEYS_[k0 + 1] on, appending its reply to out.
 local function batch(k0, args, quota_refuse, multi)
   local n = #args / 64
   if n == 1 and not multi then
@@ -873,7 +876,7 @@ local function batch(k0, args, quota_refuse, multi)
   local enforce_denied, quota_denied = false, 0
   local pos = 1
   for i = 1, n do
-    local key = KEYS[k0 + i]
+    local key = KEYS_[k0 + i]
     local rate, period, burst, cost, flags, wa, wb, wc
     rate, period, burst, cost, flags, wa, wb, wc, pos = unpack("<dddddddd", args, pos)
     local refunds, mode, od, alg = split(flags)
@@ -905,7 +908,7 @@ local function batch(k0, args, quota_refuse, multi)
     -- Allowed requests of a refused batch report a check of the state the batch found.
     for i = 1, n do
       if res[4 * i - 3] == 1 then
-        local _, _, rem, _, reset = apply(states[KEYS[k0 + i]], lim[i], 0, false)
+        local _, _, rem, _, reset = apply(states[KEYS_[k0 + i]], lim[i], 0, false)
         res[4 * i - 2], res[4 * i] = rem, reset
       end
     end
@@ -920,9 +923,9 @@ local function batch(k0, args, quota_refuse, multi)
       local rem, reset = 0, 0
       if res[4 * i - 3] == 1 and charge then
         local _
-        _, _, rem, _, reset = apply(states[KEYS[k0 + i]], lim[i], 0, false)
+        _, _, rem, _, reset = apply(states[KEYS_[k0 + i]], lim[i], 0, false)
       end
-      local key = KEYS[k0 + i]
+      local key = KEYS_[k0 + i]
       local dus, df, d3, d4 = 0, 0, 0, 0
       if charge and last[key] == i then
         local L = lim[i]
@@ -945,22 +948,38 @@ local function batch(k0, args, quota_refuse, multi)
   return n
 end
 
-if #KEYS > 1 then
-  prefetch() -- a lone key is cheaper with GET
-end
-if op == "m" then
-  local k0 = 0
-  for b = 3, #ARGV, 2 do
-    k0 = k0 + batch(k0, ARGV[b + 1], tonumber(ARGV[b]), false)
+-- run runs one call: keys and argv are the KEYS and ARGV of the wire format above. Under EVAL the
+-- script ends by returning run(KEYS, ARGV); loaded as a library of Redis Functions it registers
+-- run, and the definitions above are built once rather than on every call (see script.go).
+local function run(keys, argv)
+  if not call then
+    bind()
+    unpack = struct.unpack
   end
-else
-  batch(0, ARGV[5], tonumber(ARGV[3]), ARGV[4] == "1")
-end
-
-for key, s in pairs(states) do
-  -- A key whose requests were all denied still holds its stored state: leave it alone.
-  if s ~= stored[key] then
-    store(key, s, stored[key] ~= false, now)
+  KEYS_, ARGV_ = keys, argv
+  now = clock(argv[2])
+  if argv[1] == "u" then
+    return undo()
   end
+  states, stored, out, nout = {}, {}, {}, 0
+  if #keys > 1 then
+    prefetch() -- a lone key is cheaper with GET
+  end
+  if argv[1] == "m" then
+    local k0 = 0
+    for b = 3, #argv, 2 do
+      k0 = k0 + batch(k0, argv[b + 1], tonumber(argv[b]), false)
+    end
+  else
+    batch(0, argv[5], tonumber(argv[3]), argv[4] == "1")
+  end
+  for key, s in pairs(states) do
+    -- A key whose requests were all denied still holds its stored state: leave it alone.
+    if s ~= stored[key] then
+      store(key, s, stored[key] ~= false, now)
+    end
+  end
+  local reply = table.concat(out)
+  states, stored, out = nil, nil, nil
+  return reply
 end
-return table.concat(out)

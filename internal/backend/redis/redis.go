@@ -58,6 +58,10 @@ type Options struct {
 	Now func() time.Time
 	// Logger receives availability changes (default slog.Default()).
 	Logger *slog.Logger
+
+	// evalOnly (tests) keeps the backend on EVALSHA, never loading the library of Redis
+	// Functions.
+	evalOnly bool
 }
 
 // Backend is a backend.Backend on Redis. It is safe for concurrent use.
@@ -89,6 +93,13 @@ type Backend struct {
 
 	// scriptNow, when set (tests), is the instant the script decides at instead of Redis TIME.
 	scriptNow func() int64
+
+	// Calls go as FCALL while fcall is set: every master holds the library (see librarySource).
+	fcall         atomic.Bool
+	evalOnly      bool
+	reloading     atomic.Bool
+	refusalLogged atomic.Bool
+	bg            sync.WaitGroup // reloadLibrary
 }
 
 var (
@@ -146,17 +157,18 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	co := clientOptions{poolSize: opts.PoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout}
 	b := &Backend{
-		rdb:     newClient(opts.Target, co),
-		probe:   newClient(opts.Target, clientOptions{poolSize: probePoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout, contextTimeout: true}),
-		cluster: opts.Target.Topology == Cluster,
-		merge:   opts.Coalesce > 0,
-		prefix:  opts.KeyPrefix,
-		timeout: opts.Timeout,
-		probeTO: opts.ProbeTimeout,
-		now:     opts.Now,
-		log:     opts.Logger,
-		epoch:   time.Now(),
-		subs:    map[int]func(bool){},
+		rdb:      newClient(opts.Target, co),
+		probe:    newClient(opts.Target, clientOptions{poolSize: probePoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout, contextTimeout: true}),
+		cluster:  opts.Target.Topology == Cluster,
+		merge:    opts.Coalesce > 0,
+		prefix:   opts.KeyPrefix,
+		timeout:  opts.Timeout,
+		probeTO:  opts.ProbeTimeout,
+		now:      opts.Now,
+		log:      opts.Logger,
+		epoch:    time.Now(),
+		subs:     map[int]func(bool){},
+		evalOnly: opts.evalOnly,
 	}
 	if opts.LocalCacheSize > 0 {
 		c, err := newDenials(opts.LocalCacheSize)
@@ -181,10 +193,11 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	lctx, cancel := context.WithTimeout(ctx, opts.DialTimeout)
 	defer cancel()
 	// Loaded through the main client: its first connection is then open before any decision.
-	if err := load(lctx, b.rdb); err != nil {
+	if loaded, refused, err := load(lctx, b.rdb, !b.evalOnly); err != nil {
 		b.log.Warn("redis unavailable at start; deciding nothing until it answers", "redis", opts.Target.String(), "err", err)
 		b.br.trip(err)
 	} else {
+		b.useLibrary(loaded, refused)
 		b.lastReply.Store(b.mono())
 	}
 	return b, nil
@@ -205,17 +218,18 @@ func setDefault[T comparable](v *T, def T) {
 // at the next probe.
 const probePoolSize = 1024
 
-// loadScript puts the script into every master's script cache, on the probe's connections; it
+// loadScript puts the script and its library into every master, on the probe's connections; it
 // doubles as the breaker's probe while the breaker is open. It succeeds only once the
 // decisions' client reaches every master too: after failed dials that client's pool may still
 // be answering with its last dial error (see probePoolSize), and a breaker closed then would
 // open again on the first decisions.
 func (b *Backend) loadScript(ctx context.Context) error {
-	err := load(ctx, b.probe)
+	loaded, refused, err := load(ctx, b.probe, !b.evalOnly)
 	if err == nil {
 		err = ping(ctx, b.rdb)
 	}
 	if err == nil {
+		b.useLibrary(loaded, refused)
 		b.lastReply.Store(b.mono())
 	}
 	return err
@@ -312,6 +326,7 @@ func (b *Backend) Close() error {
 	b.closeOnce.Do(func() {
 		b.br.close()
 		b.co.close()
+		b.bg.Wait()
 		err = errors.Join(b.rdb.Close(), b.probe.Close())
 	})
 	return err

@@ -261,9 +261,19 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 	if testing.Short() {
 		steps = 300
 	}
-	for _, tc := range []struct{ name, env string }{{"single", singleEnv}, {"cluster", clusterEnv}} {
+	for _, tc := range []struct {
+		name, env string
+		evalOnly  bool
+	}{{"single", singleEnv, false}, {"cluster", clusterEnv, false}, {"single EVALSHA", singleEnv, true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			b := newTestBackend(t, tc.env, Options{})
+			b := newTestBackend(t, tc.env, Options{evalOnly: tc.evalOnly})
+			if b.fcall.Load() == tc.evalOnly {
+				t.Fatalf("calls by FCALL: %v, want %v", b.fcall.Load(), !tc.evalOnly)
+			}
+			steps := steps
+			if tc.evalOnly {
+				steps /= 5 // the same script, called another way
+			}
 			now := time.Now().UnixMicro()
 			b.scriptNow = func() int64 { return now }
 			rng := rand.New(rand.NewPCG(2, uint64(now)))
@@ -583,8 +593,9 @@ func TestClusterCrossSlotConcurrent(t *testing.T) {
 	}
 }
 
-// TestNoScript: after SCRIPT FLUSH every call still works, direct and pipelined, and the count
-// carries on.
+// TestNoScript: after SCRIPT FLUSH and FUNCTION FLUSH every call still works, direct and
+// pipelined, and the count carries on; the library of Redis Functions is loaded again and calls
+// go by it once more.
 func TestNoScript(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -593,38 +604,98 @@ func TestNoScript(t *testing.T) {
 	}{
 		{"single", singleEnv, Options{}},
 		{"single coalesced", singleEnv, Options{Coalesce: 8}},
+		{"single EVALSHA", singleEnv, Options{Coalesce: 8, evalOnly: true}},
 		{"cluster", clusterEnv, Options{}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newTestBackend(t, tc.env, tc.opts)
 			ctx := context.Background()
+			if b.fcall.Load() == tc.opts.evalOnly {
+				t.Fatalf("calls by FCALL: %v, want %v (Redis 7 takes the library)", b.fcall.Load(), !tc.opts.evalOnly)
+			}
 			flush := func() {
+				each := func(ctx context.Context, n goredis.Cmdable) error {
+					if err := n.ScriptFlush(ctx).Err(); err != nil {
+						return err
+					}
+					return n.FunctionFlush(ctx).Err()
+				}
 				if c, ok := b.rdb.(*goredis.ClusterClient); ok {
-					if err := c.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error {
-						return n.ScriptFlush(ctx).Err()
-					}); err != nil {
+					if err := c.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error { return each(ctx, n) }); err != nil {
 						t.Fatal(err)
 					}
 					return
 				}
-				if err := b.rdb.ScriptFlush(ctx).Err(); err != nil {
+				if err := each(ctx, b.rdb); err != nil {
 					t.Fatal(err)
 				}
 			}
 			l := backend.Limit{Rate: 10, Period: time.Hour, Burst: 10}
 			reqs := []backend.Request{{Key: "ns-a", Limit: l, Cost: 1}, {Key: "ns-b", Limit: l, Cost: 1}, {Key: "ns-c", Limit: l, Cost: 1}}
-			for i := range 4 {
-				flush()
+			decide := func(i int, after string) {
+				t.Helper()
 				out := make([]backend.Decision, len(reqs))
 				ok, err := b.Decide(ctx, reqs, out)
 				if err != nil {
-					t.Fatalf("call %d after SCRIPT FLUSH: %v", i, err)
+					t.Fatalf("call %d %s: %v", i, after, err)
 				}
 				if !ok || out[0].Remaining != int64(9-i) {
-					t.Fatalf("call %d after SCRIPT FLUSH: admitted=%v %+v, want admitted with remaining %d", i, ok, out, 9-i)
+					t.Fatalf("call %d %s: admitted=%v %+v, want admitted with remaining %d", i, after, ok, out, 9-i)
 				}
 			}
+			for i := range 4 {
+				flush()
+				decide(i, "after SCRIPT FLUSH and FUNCTION FLUSH")
+			}
+			if tc.opts.evalOnly {
+				if b.fcall.Load() {
+					t.Fatal("calls by FCALL with evalOnly")
+				}
+				return
+			}
+			deadline := time.Now().Add(5 * time.Second)
+			for !b.fcall.Load() {
+				if time.Now().After(deadline) {
+					t.Fatal("the library was not loaded again within 5s")
+				}
+				time.Sleep(time.Millisecond)
+			}
+			decide(4, "once the library is back")
 		})
+	}
+}
+
+// TestLibraryRefused: a Redis that refuses FUNCTION (here an ACL) leaves the backend on
+// EVALSHA, and decisions go on as before.
+func TestLibraryRefused(t *testing.T) {
+	r := redistest.Start(t)
+	ctx := context.Background()
+	admin := goredis.NewClient(&goredis.Options{Addr: r.Addr()})
+	defer admin.Close()
+	if err := admin.Do(ctx, "acl", "setuser", "nofn", "on", ">pw", "~*", "&*", "+@all", "-function").Err(); err != nil {
+		t.Fatal(err)
+	}
+	target, err := ParseURL("redis://nofn:pw@" + r.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(ctx, Options{Target: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if !b.Healthy() || b.fcall.Load() {
+		t.Fatalf("healthy %v, calls by FCALL %v: want healthy, by EVALSHA", b.Healthy(), b.fcall.Load())
+	}
+	l := backend.Limit{Rate: 2, Period: time.Hour, Burst: 2}
+	for i, want := range []bool{true, true, false} {
+		ok, err := b.Decide(ctx, []backend.Request{{Key: "k", Limit: l, Cost: 1}}, make([]backend.Decision, 1))
+		if err != nil || ok != want {
+			t.Fatalf("call %d: admitted=%v err=%v, want admitted=%v", i, ok, err, want)
+		}
+	}
+	if n, err := admin.FunctionList(ctx, goredis.FunctionListQuery{}).Result(); err != nil || len(n) != 0 {
+		t.Fatalf("libraries %v (err %v), want none", n, err)
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strings"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -14,10 +15,26 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 )
 
+// scriptCode defines the script's functions and run, which runs one call.
+//
 //go:embed gcra.lua
-var scriptSource string
+var scriptCode string
+
+// scriptSource is the script as EVAL runs it: the definitions, then the call.
+var scriptSource = scriptCode + "return run(KEYS, ARGV)\n"
 
 var script = goredis.NewScript(scriptSource)
+
+// functionName names the script's library of Redis Functions and its one function after the
+// script's hash, so that versions of rls with different scripts each call their own.
+var functionName = "rls_" + script.Hash()[:16]
+
+// librarySource is the script as a library of Redis Functions (Redis 7 and later). Redis builds
+// the script's functions once, when the library loads, where EVAL builds them on every call:
+// that is about half of a lone decision's time in Redis. rls calls the library (FCALL) when
+// every master took it, and the script (EVALSHA) otherwise.
+var librarySource = "#!lua name=" + functionName + "\n" + scriptCode +
+	"redis.register_function('" + functionName + "', run)\n"
 
 // sendCalls runs calls in one pipeline (one round trip per node) and gives each its reply or
 // error. On a single node, consecutive calls go out as one merged script call; on a Cluster
@@ -73,23 +90,38 @@ func newScriptCmd(args []any) *goredis.Cmd {
 	return c
 }
 
-// exec sends cmds in one pipeline (one round trip per node) and sends again, as EVAL, those that
-// found the script missing: a restart, a failover or SCRIPT FLUSH empties the script cache, and
-// EVAL both runs the script and caches it again. A NOSCRIPT call ran nothing, so this is safe.
-// It returns the error of the round trip itself (no connection, a timeout), if any; each command
-// carries its own error as well.
+// exec sends cmds in one pipeline (one round trip per node), as FCALL while the library is
+// loaded (see librarySource) and as EVALSHA otherwise, and sends again, as EVAL, those that found
+// the script or the library missing: a restart, a failover, SCRIPT FLUSH or FUNCTION FLUSH
+// empties them, and EVAL both runs the script and caches it again. A call that found its script
+// missing ran nothing, so this is safe. A missing library is loaded again in the background;
+// until then calls go as EVALSHA. exec returns the error of the round trip itself (no
+// connection, a timeout), if any; each command carries its own error as well.
 func (b *Backend) exec(ctx context.Context, cmds []*goredis.Cmd) error {
+	fcall := b.fcall.Load()
+	if fcall {
+		for _, c := range cmds {
+			a := c.Args()
+			a[0], a[1] = "fcall", functionName
+		}
+	}
 	if err := b.pipeline(ctx, cmds); err != nil {
 		return err
 	}
 	var again []*goredis.Cmd
+	lost := false
 	for i, c := range cmds {
-		if goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+		gone := fcall && goredis.HasErrorPrefix(c.Err(), "Function not found")
+		if gone || goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
+			lost = lost || gone
 			args := append([]any(nil), c.Args()...)
 			args[0], args[1] = "eval", scriptSource
 			cmds[i] = newScriptCmd(args)
 			again = append(again, cmds[i])
 		}
+	}
+	if lost {
+		b.reloadLibrary()
 	}
 	if len(again) > 0 {
 		return b.pipeline(ctx, again)
@@ -232,12 +264,64 @@ func kindOf(err error) string {
 	return "unreachable"
 }
 
-// load puts the script into every master's script cache through c.
-func load(ctx context.Context, c goredis.UniversalClient) error {
-	if cc, ok := c.(*goredis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error {
-			return script.Load(ctx, n).Err()
-		})
+// load puts the script into every master's script cache through c and, when library is set,
+// its library of Redis Functions too. It reports whether every master took the library: one
+// that refuses it (a Redis before 7, an ACL without FUNCTION) leaves rls on EVALSHA, and refused
+// says why.
+func load(ctx context.Context, c goredis.UniversalClient, library bool) (loaded bool, refused error, err error) {
+	var mu sync.Mutex
+	each := func(ctx context.Context, n goredis.Cmdable) error {
+		if err := script.Load(ctx, n).Err(); err != nil {
+			return err
+		}
+		if !library {
+			return nil
+		}
+		if err := n.FunctionLoadReplace(ctx, librarySource).Err(); err != nil {
+			if !isReply(err) {
+				return err
+			}
+			mu.Lock()
+			refused = err
+			mu.Unlock()
+		}
+		return nil
 	}
-	return script.Load(ctx, c).Err()
+	if cc, ok := c.(*goredis.ClusterClient); ok {
+		err = cc.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error { return each(ctx, n) })
+	} else {
+		err = each(ctx, c)
+	}
+	if err != nil {
+		return false, nil, err
+	}
+	return library && refused == nil, refused, nil
+}
+
+// useLibrary records what load found: calls go as FCALL when every master took the library. A
+// refusal is logged once.
+func (b *Backend) useLibrary(loaded bool, refused error) {
+	b.fcall.Store(loaded)
+	if refused != nil && !b.refusalLogged.Swap(true) {
+		b.log.Info("redis: Redis Functions refused; deciding with EVALSHA", "err", refused)
+	}
+}
+
+// reloadLibrary loads the library again in the background, once at a time, after a call found
+// it missing; calls go as EVALSHA meanwhile.
+func (b *Backend) reloadLibrary() {
+	b.fcall.Store(false)
+	if !b.reloading.CompareAndSwap(false, true) {
+		return
+	}
+	b.bg.Add(1)
+	go func() {
+		defer b.bg.Done()
+		defer b.reloading.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), b.probeTO)
+		defer cancel()
+		if loaded, refused, err := load(ctx, b.probe, !b.evalOnly); err == nil {
+			b.useLibrary(loaded, refused)
+		}
+	}()
 }

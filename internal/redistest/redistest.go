@@ -54,16 +54,23 @@ type Server struct {
 	dir  string
 	cmd  *exec.Cmd
 	done chan struct{}
+	args []string // more redis-server arguments
 }
 
 // Start starts a redis-server on a free loopback port, killed when the test ends. It fails the
 // test, saying how to install it, when redis-server is missing.
 func Start(t testing.TB) *Server {
 	t.Helper()
+	return StartWith(t)
+}
+
+// StartWith is Start with more redis-server arguments (e.g. "--rename-command", "FCALL", "x").
+func StartWith(t testing.TB, args ...string) *Server {
+	t.Helper()
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		t.Fatal("redis-server is not installed: run the tests with scripts/test, which installs it (Debian: apt-get install -y redis-server)")
 	}
-	s := &Server{t: t, dir: t.TempDir()}
+	s := &Server{t: t, dir: t.TempDir(), args: args}
 	// A port free a moment ago may be taken by another test's server before redis-server binds
 	// it; redis-server then exits, and another port is tried.
 	for attempt := 0; ; attempt++ {
@@ -98,8 +105,9 @@ func (s *Server) Start() {
 // start starts the server and waits until it answers as itself (its process id), or exits.
 func (s *Server) start() bool {
 	s.t.Helper()
-	s.cmd = exec.Command("redis-server", "--bind", "127.0.0.1", "--port", strconv.Itoa(s.port), "--dir", s.dir,
-		"--save", "", "--appendonly", "no", "--logfile", filepath.Join(s.dir, "redis.log"))
+	args := append([]string{"--bind", "127.0.0.1", "--port", strconv.Itoa(s.port), "--dir", s.dir,
+		"--save", "", "--appendonly", "no", "--logfile", filepath.Join(s.dir, "redis.log")}, s.args...)
+	s.cmd = exec.Command("redis-server", args...)
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)
 	}

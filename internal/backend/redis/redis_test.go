@@ -699,6 +699,37 @@ func TestLibraryRefused(t *testing.T) {
 	}
 }
 
+// TestFCallUnknown: a Redis that takes the library but knows no FCALL (here renamed; in the
+// field, a proxy or a failover to an older Redis) answers every decision all the same, through
+// EVAL and then EVALSHA, and the backend stops sending FCALL.
+func TestFCallUnknown(t *testing.T) {
+	r := redistest.StartWith(t, "--rename-command", "FCALL", "fcall-renamed")
+	target, err := ParseURL(r.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, coalesce := range []int{0, 8} {
+		b, err := New(context.Background(), Options{Target: target, Coalesce: coalesce, KeyPrefix: fmt.Sprintf("c%d:", coalesce)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer b.Close()
+		if !b.fcall.Load() {
+			t.Fatal("the library was not loaded")
+		}
+		l := backend.Limit{Rate: 2, Period: time.Hour, Burst: 2}
+		for i, want := range []bool{true, true, false} {
+			ok, err := b.Decide(context.Background(), []backend.Request{{Key: "k", Limit: l, Cost: 1}}, make([]backend.Decision, 1))
+			if err != nil || ok != want {
+				t.Fatalf("coalesce %d, call %d: admitted=%v err=%v, want admitted=%v", coalesce, i, ok, err, want)
+			}
+		}
+		if b.fcall.Load() || !b.Healthy() {
+			t.Fatalf("coalesce %d: calls by FCALL %v, healthy %v: want EVALSHA, healthy", coalesce, b.fcall.Load(), b.Healthy())
+		}
+	}
+}
+
 // TestLocalCache: a denied hot key is answered from memory, with no Redis command, until Redis
 // would admit it; a smaller cost, another limit or a refund goes to Redis.
 func TestLocalCache(t *testing.T) {

@@ -94,8 +94,8 @@ func newScriptCmd(args []any) *goredis.Cmd {
 // loaded (see librarySource) and as EVALSHA otherwise, and sends again, as EVAL, those that found
 // the script or the library missing: a restart, a failover, SCRIPT FLUSH or FUNCTION FLUSH
 // empties them, and EVAL both runs the script and caches it again. A call that found its script
-// missing ran nothing, so this is safe. A missing library is loaded again in the background;
-// until then calls go as EVALSHA. exec returns the error of the round trip itself (no
+// missing, or FCALL unknown, ran nothing, so this is safe. A missing library is loaded again in
+// the background; until then calls go as EVALSHA. exec returns the error of the round trip itself (no
 // connection, a timeout), if any; each command carries its own error as well.
 func (b *Backend) exec(ctx context.Context, cmds []*goredis.Cmd) error {
 	fcall := b.fcall.Load()
@@ -109,18 +109,28 @@ func (b *Backend) exec(ctx context.Context, cmds []*goredis.Cmd) error {
 		return err
 	}
 	var again []*goredis.Cmd
-	lost := false
+	lost, unknown := false, false
 	for i, c := range cmds {
-		gone := fcall && goredis.HasErrorPrefix(c.Err(), "Function not found")
-		if gone || goredis.HasErrorPrefix(c.Err(), "NOSCRIPT") {
-			lost = lost || gone
+		err := c.Err()
+		gone := fcall && goredis.HasErrorPrefix(err, "Function not found")
+		refused := fcall && goredis.HasErrorPrefix(err, "unknown command")
+		if gone || refused || goredis.HasErrorPrefix(err, "NOSCRIPT") {
+			lost, unknown = lost || gone, unknown || refused
 			args := append([]any(nil), c.Args()...)
 			args[0], args[1] = "eval", scriptSource
 			cmds[i] = newScriptCmd(args)
 			again = append(again, cmds[i])
 		}
 	}
-	if lost {
+	switch {
+	case unknown:
+		// A node that took the library knows no FCALL (a proxy, or a failover to an older
+		// Redis): EVALSHA until the library is loaded again, when the breaker next closes.
+		b.fcall.Store(false)
+		if !b.refusalLogged.Swap(true) {
+			b.log.Info("redis: FCALL refused; deciding with EVALSHA")
+		}
+	case lost:
 		b.reloadLibrary()
 	}
 	if len(again) > 0 {

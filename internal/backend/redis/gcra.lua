@@ -722,14 +722,17 @@ local function clock(arg)
   return now
 end
 
--- The last limit built, reused while the keys that follow share it, as they usually do.
-local last_rate, last_period, last_burst, last_overdraft, last_limit
+-- The last limit built, reused while the keys that follow share it, as they usually do, and
+-- across the calls of a library. One value, replaced whole: a call stopped part way (FUNCTION
+-- KILL) cannot leave it describing one limit with another's values.
+local last_limit
 local function limit_of(rate, period, burst, overdraft)
-  if rate ~= last_rate or period ~= last_period or burst ~= last_burst or overdraft ~= last_overdraft then
-    last_rate, last_period, last_burst, last_overdraft = rate, period, burst, overdraft
-    last_limit = limit(rate, period, burst, overdraft)
+  local L = last_limit
+  if not L or L[1] ~= rate or L[2] ~= period or L[3] ~= burst or L[10] ~= overdraft then
+    L = limit(rate, period, burst, overdraft)
+    last_limit = L
   end
-  return last_limit
+  return L
 end
 
 -- flags splits a request's flags: refund, mode, overdraft, algorithm.

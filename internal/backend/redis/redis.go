@@ -95,11 +95,16 @@ type Backend struct {
 	scriptNow func() int64
 
 	// Calls go as FCALL while fcall is set: every master holds the library (see librarySource).
-	fcall         atomic.Bool
-	evalOnly      bool
-	reloading     atomic.Bool
-	refusalLogged atomic.Bool
-	bg            sync.WaitGroup // reloadLibrary
+	fcall          atomic.Bool
+	evalOnly       bool
+	libraryRefused atomic.Bool  // for good: calls stay on EVALSHA
+	libraryNext    atomic.Int64 // mono: no background load before
+	reloading      atomic.Bool
+	bgMu           sync.Mutex
+	bgClosed       bool
+	bgCtx          context.Context // ends at Close
+	bgCancel       context.CancelFunc
+	bg             sync.WaitGroup // reloadLibrary
 }
 
 var (
@@ -170,6 +175,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		subs:     map[int]func(bool){},
 		evalOnly: opts.evalOnly,
 	}
+	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 	if opts.LocalCacheSize > 0 {
 		c, err := newDenials(opts.LocalCacheSize)
 		if err != nil {
@@ -193,7 +199,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	lctx, cancel := context.WithTimeout(ctx, opts.DialTimeout)
 	defer cancel()
 	// Loaded through the main client: its first connection is then open before any decision.
-	if loaded, refused, err := load(lctx, b.rdb, !b.evalOnly); err != nil {
+	if loaded, refused, err := load(lctx, b.rdb, b.libraryWanted()); err != nil {
 		b.log.Warn("redis unavailable at start; deciding nothing until it answers", "redis", opts.Target.String(), "err", err)
 		b.br.trip(err)
 	} else {
@@ -224,7 +230,7 @@ const probePoolSize = 1024
 // be answering with its last dial error (see probePoolSize), and a breaker closed then would
 // open again on the first decisions.
 func (b *Backend) loadScript(ctx context.Context) error {
-	loaded, refused, err := load(ctx, b.probe, !b.evalOnly)
+	loaded, refused, err := load(ctx, b.probe, b.libraryWanted())
 	if err == nil {
 		err = ping(ctx, b.rdb)
 	}
@@ -326,6 +332,10 @@ func (b *Backend) Close() error {
 	b.closeOnce.Do(func() {
 		b.br.close()
 		b.co.close()
+		b.bgMu.Lock()
+		b.bgClosed = true
+		b.bgMu.Unlock()
+		b.bgCancel()
 		b.bg.Wait()
 		err = errors.Join(b.rdb.Close(), b.probe.Close())
 	})

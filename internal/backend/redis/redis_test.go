@@ -699,34 +699,98 @@ func TestLibraryRefused(t *testing.T) {
 	}
 }
 
-// TestFCallUnknown: a Redis that takes the library but knows no FCALL (here renamed; in the
-// field, a proxy or a failover to an older Redis) answers every decision all the same, through
-// EVAL and then EVALSHA, and the backend stops sending FCALL.
-func TestFCallUnknown(t *testing.T) {
-	r := redistest.StartWith(t, "--rename-command", "FCALL", "fcall-renamed")
+// TestFCallRefused: a Redis that takes the library but refuses FCALL (renamed, as a proxy or a
+// failover to an older Redis would; or an ACL without it) answers every decision all the same,
+// through EVAL and then EVALSHA, and the backend stops sending FCALL for good.
+func TestFCallRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		args []string
+		acl  []any // a user to connect as
+	}{
+		{"unknown command", []string{"--rename-command", "FCALL", "fcall-renamed"}, nil},
+		{"ACL", nil, []any{"acl", "setuser", "nofcall", "on", ">pw", "~*", "&*", "+@all", "-fcall"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := redistest.StartWith(t, tc.args...)
+			url := r.URL()
+			if tc.acl != nil {
+				admin := goredis.NewClient(&goredis.Options{Addr: r.Addr()})
+				defer admin.Close()
+				if err := admin.Do(context.Background(), tc.acl...).Err(); err != nil {
+					t.Fatal(err)
+				}
+				url = "redis://nofcall:pw@" + r.Addr()
+			}
+			target, err := ParseURL(url)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, coalesce := range []int{0, 8} {
+				b, err := New(context.Background(), Options{Target: target, Coalesce: coalesce, KeyPrefix: fmt.Sprintf("c%d:", coalesce)})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer b.Close()
+				if !b.fcall.Load() {
+					t.Fatal("the library was not loaded")
+				}
+				l := backend.Limit{Rate: 2, Period: time.Hour, Burst: 2}
+				for i, want := range []bool{true, true, false} {
+					ok, err := b.Decide(context.Background(), []backend.Request{{Key: "k", Limit: l, Cost: 1}}, make([]backend.Decision, 1))
+					if err != nil || ok != want {
+						t.Fatalf("coalesce %d, call %d: admitted=%v err=%v, want admitted=%v", coalesce, i, ok, err, want)
+					}
+				}
+				if b.fcall.Load() || !b.libraryRefused.Load() || !b.Healthy() {
+					t.Fatalf("coalesce %d: calls by FCALL %v, library refused %v, healthy %v: want EVALSHA for good, healthy",
+						coalesce, b.fcall.Load(), b.libraryRefused.Load(), b.Healthy())
+				}
+			}
+		})
+	}
+}
+
+// TestLibraryLater: a Redis that cannot take the library when rls starts (out of memory here:
+// FUNCTION LOAD is a write, SCRIPT LOAD is not) gets it once it can: decisions go by EVALSHA
+// meanwhile, then by FCALL.
+func TestLibraryLater(t *testing.T) {
+	r := redistest.Start(t)
+	ctx := context.Background()
+	admin := goredis.NewClient(&goredis.Options{Addr: r.Addr()})
+	defer admin.Close()
+	if err := admin.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
 	target, err := ParseURL(r.URL())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, coalesce := range []int{0, 8} {
-		b, err := New(context.Background(), Options{Target: target, Coalesce: coalesce, KeyPrefix: fmt.Sprintf("c%d:", coalesce)})
-		if err != nil {
-			t.Fatal(err)
+	b, err := New(ctx, Options{Target: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	if !b.Healthy() || b.fcall.Load() || b.libraryRefused.Load() {
+		t.Fatalf("healthy %v, calls by FCALL %v, library refused %v: want healthy, EVALSHA, not refused for good",
+			b.Healthy(), b.fcall.Load(), b.libraryRefused.Load())
+	}
+	if err := admin.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	l := backend.Limit{Rate: 1000, Period: time.Hour, Burst: 1000}
+	deadline := time.Now().Add(5 * time.Second)
+	for i := 0; !b.fcall.Load(); i++ {
+		if time.Now().After(deadline) {
+			t.Fatal("the library was not loaded within 5s of Redis taking writes again")
 		}
-		defer b.Close()
-		if !b.fcall.Load() {
-			t.Fatal("the library was not loaded")
+		if ok, err := b.Decide(ctx, []backend.Request{{Key: "k", Limit: l, Cost: 1}}, make([]backend.Decision, 1)); err != nil || !ok {
+			t.Fatalf("call %d: admitted=%v err=%v", i, ok, err)
 		}
-		l := backend.Limit{Rate: 2, Period: time.Hour, Burst: 2}
-		for i, want := range []bool{true, true, false} {
-			ok, err := b.Decide(context.Background(), []backend.Request{{Key: "k", Limit: l, Cost: 1}}, make([]backend.Decision, 1))
-			if err != nil || ok != want {
-				t.Fatalf("coalesce %d, call %d: admitted=%v err=%v, want admitted=%v", coalesce, i, ok, err, want)
-			}
-		}
-		if b.fcall.Load() || !b.Healthy() {
-			t.Fatalf("coalesce %d: calls by FCALL %v, healthy %v: want EVALSHA, healthy", coalesce, b.fcall.Load(), b.Healthy())
-		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n, err := admin.FunctionList(ctx, goredis.FunctionListQuery{}).Result(); err != nil || len(n) != 1 || n[0].Name != functionName {
+		t.Fatalf("libraries %v (err %v), want %s", n, err, functionName)
 	}
 }
 

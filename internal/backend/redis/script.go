@@ -2,7 +2,9 @@ package redis
 
 import (
 	"context"
+	"crypto/sha1"
 	_ "embed"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -25,16 +27,29 @@ var scriptSource = scriptCode + "return run(KEYS, ARGV)\n"
 
 var script = goredis.NewScript(scriptSource)
 
-// functionName names the script's library of Redis Functions and its one function after the
-// script's hash, so that versions of rls with different scripts each call their own.
-var functionName = "rls_" + script.Hash()[:16]
+// library returns the script as a library of Redis Functions named name, whose one function,
+// also name, runs a call.
+func library(name string) string {
+	return "#!lua name=" + name + "\n" + scriptCode + "redis.register_function('" + name + "', run)\n"
+}
+
+// functionName names the library and its function after a hash of the library's text, so that
+// versions of rls whose libraries differ each call their own, and a library of that name is
+// this one.
+var functionName = func() string {
+	h := sha1.Sum([]byte(library("rls")))
+	return "rls_" + hex.EncodeToString(h[:8])
+}()
 
 // librarySource is the script as a library of Redis Functions (Redis 7 and later). Redis builds
 // the script's functions once, when the library loads, where EVAL builds them on every call:
-// that is about half of a lone decision's time in Redis. rls calls the library (FCALL) when
-// every master took it, and the script (EVALSHA) otherwise.
-var librarySource = "#!lua name=" + functionName + "\n" + scriptCode +
-	"redis.register_function('" + functionName + "', run)\n"
+// about a third of a lone decision's time in Redis. rls calls the library (FCALL) when every
+// master took it, and the script (EVALSHA) otherwise.
+var librarySource = library(functionName)
+
+// libraryRetry is how long after a failed load of the library (a timeout, a Redis out of
+// memory) it is loaded again, while calls go as EVALSHA.
+const libraryRetry = time.Second
 
 // sendCalls runs calls in one pipeline (one round trip per node) and gives each its reply or
 // error. On a single node, consecutive calls go out as one merged script call; on a Cluster
@@ -94,7 +109,7 @@ func newScriptCmd(args []any) *goredis.Cmd {
 // loaded (see librarySource) and as EVALSHA otherwise, and sends again, as EVAL, those that found
 // the script or the library missing: a restart, a failover, SCRIPT FLUSH or FUNCTION FLUSH
 // empties them, and EVAL both runs the script and caches it again. A call that found its script
-// missing, or FCALL unknown, ran nothing, so this is safe. A missing library is loaded again in
+// missing, or FCALL refused, ran nothing, so this is safe. A missing library is loaded again in
 // the background; until then calls go as EVALSHA. exec returns the error of the round trip itself (no
 // connection, a timeout), if any; each command carries its own error as well.
 func (b *Backend) exec(ctx context.Context, cmds []*goredis.Cmd) error {
@@ -109,13 +124,16 @@ func (b *Backend) exec(ctx context.Context, cmds []*goredis.Cmd) error {
 		return err
 	}
 	var again []*goredis.Cmd
-	lost, unknown := false, false
+	var lost bool
+	var refused error
 	for i, c := range cmds {
 		err := c.Err()
 		gone := fcall && goredis.HasErrorPrefix(err, "Function not found")
-		refused := fcall && goredis.HasErrorPrefix(err, "unknown command")
-		if gone || refused || goredis.HasErrorPrefix(err, "NOSCRIPT") {
-			lost, unknown = lost || gone, unknown || refused
+		if fcall && fcallRefused(err) {
+			refused = err
+		}
+		if gone || (fcall && fcallRefused(err)) || goredis.HasErrorPrefix(err, "NOSCRIPT") {
+			lost = lost || gone
 			args := append([]any(nil), c.Args()...)
 			args[0], args[1] = "eval", scriptSource
 			cmds[i] = newScriptCmd(args)
@@ -123,14 +141,14 @@ func (b *Backend) exec(ctx context.Context, cmds []*goredis.Cmd) error {
 		}
 	}
 	switch {
-	case unknown:
-		// A node that took the library knows no FCALL (a proxy, or a failover to an older
-		// Redis): EVALSHA until the library is loaded again, when the breaker next closes.
-		b.fcall.Store(false)
-		if !b.refusalLogged.Swap(true) {
-			b.log.Info("redis: FCALL refused; deciding with EVALSHA")
-		}
+	case refused != nil:
+		// A node that took the library knows no FCALL (a proxy, a failover to an older Redis)
+		// or may not run it (an ACL).
+		b.refuseLibrary(refused)
 	case lost:
+		b.fcall.Store(false)
+		b.reloadLibrary()
+	case !fcall && b.libraryWanted() && b.mono() >= b.libraryNext.Load():
 		b.reloadLibrary()
 	}
 	if len(again) > 0 {
@@ -274,12 +292,20 @@ func kindOf(err error) string {
 	return "unreachable"
 }
 
+// fcallRefused says whether err refused FCALL itself: unknown (a Redis before 7, a proxy) or not
+// permitted (an ACL). The call ran nothing.
+func fcallRefused(err error) bool {
+	return goredis.HasErrorPrefix(err, "unknown command") ||
+		goredis.HasErrorPrefix(err, "NOPERM") && strings.Contains(strings.ToLower(err.Error()), "'fcall'")
+}
+
 // load puts the script into every master's script cache through c and, when library is set,
-// its library of Redis Functions too. It reports whether every master took the library: one
-// that refuses it (a Redis before 7, an ACL without FUNCTION) leaves rls on EVALSHA, and refused
-// says why.
-func load(ctx context.Context, c goredis.UniversalClient, library bool) (loaded bool, refused error, err error) {
+// its library of Redis Functions too. It reports whether every master holds the library, and
+// refusal, when a master refused it for good (a Redis before 7, an ACL without FUNCTION, a proxy):
+// a master that cannot take it now (out of memory, loading, read-only) is neither.
+func load(ctx context.Context, c goredis.UniversalClient, library bool) (loaded bool, refusal error, err error) {
 	var mu sync.Mutex
+	missing := false
 	each := func(ctx context.Context, n goredis.Cmdable) error {
 		if err := script.Load(ctx, n).Err(); err != nil {
 			return err
@@ -287,14 +313,21 @@ func load(ctx context.Context, c goredis.UniversalClient, library bool) (loaded 
 		if !library {
 			return nil
 		}
-		if err := n.FunctionLoadReplace(ctx, librarySource).Err(); err != nil {
-			if !isReply(err) {
-				return err
-			}
-			mu.Lock()
-			refused = err
-			mu.Unlock()
+		// Without REPLACE, a library already there is not compiled again (its name is a hash of
+		// its text, so it is this one): the breaker's probes load it every cooldown.
+		err := n.FunctionLoad(ctx, librarySource).Err()
+		if err == nil || goredis.HasErrorPrefix(err, "Library '"+functionName+"' already exists") {
+			return nil
 		}
+		if !isReply(err) {
+			return err
+		}
+		mu.Lock()
+		missing = true
+		if !unavailableReply(err) || fcallRefused(err) || goredis.HasErrorPrefix(err, "unknown subcommand") {
+			refusal = err
+		}
+		mu.Unlock()
 		return nil
 	}
 	if cc, ok := c.(*goredis.ClusterClient); ok {
@@ -305,33 +338,60 @@ func load(ctx context.Context, c goredis.UniversalClient, library bool) (loaded 
 	if err != nil {
 		return false, nil, err
 	}
-	return library && refused == nil, refused, nil
+	return library && !missing, refusal, nil
 }
 
-// useLibrary records what load found: calls go as FCALL when every master took the library. A
-// refusal is logged once.
-func (b *Backend) useLibrary(loaded bool, refused error) {
-	b.fcall.Store(loaded)
-	if refused != nil && !b.refusalLogged.Swap(true) {
-		b.log.Info("redis: Redis Functions refused; deciding with EVALSHA", "err", refused)
+// libraryWanted says whether calls should go by the library: not in tests that keep to
+// EVALSHA, nor once Redis refused it for good.
+func (b *Backend) libraryWanted() bool { return !b.evalOnly && !b.libraryRefused.Load() }
+
+// useLibrary records what load found: calls go as FCALL when every master holds the library;
+// otherwise it is loaded again after libraryRetry, unless it was refused for good.
+func (b *Backend) useLibrary(loaded bool, refusal error) {
+	if refusal != nil {
+		b.refuseLibrary(refusal)
+		return
+	}
+	if !loaded {
+		b.libraryNext.Store(b.mono() + int64(libraryRetry))
+	}
+	b.fcall.Store(loaded && b.libraryWanted())
+}
+
+// refuseLibrary keeps calls on EVALSHA until the process ends, and says why once.
+func (b *Backend) refuseLibrary(why error) {
+	b.fcall.Store(false)
+	if !b.libraryRefused.Swap(true) {
+		b.log.Info("redis: Redis Functions refused; deciding with EVALSHA", "err", why)
 	}
 }
 
-// reloadLibrary loads the library again in the background, once at a time, after a call found
-// it missing; calls go as EVALSHA meanwhile.
+// reloadLibrary loads the library in the background, once at a time and not after Close: after
+// a call found it missing, or libraryRetry after a load that failed. Calls go as EVALSHA
+// meanwhile.
 func (b *Backend) reloadLibrary() {
-	b.fcall.Store(false)
+	b.libraryNext.Store(b.mono() + int64(libraryRetry))
 	if !b.reloading.CompareAndSwap(false, true) {
 		return
 	}
+	b.bgMu.Lock()
+	if b.bgClosed {
+		b.bgMu.Unlock()
+		b.reloading.Store(false)
+		return
+	}
 	b.bg.Add(1)
+	b.bgMu.Unlock()
 	go func() {
 		defer b.bg.Done()
 		defer b.reloading.Store(false)
-		ctx, cancel := context.WithTimeout(context.Background(), b.probeTO)
+		ctx, cancel := context.WithTimeout(b.bgCtx, b.probeTO)
 		defer cancel()
-		if loaded, refused, err := load(ctx, b.probe, !b.evalOnly); err == nil {
-			b.useLibrary(loaded, refused)
+		loaded, refusal, err := load(ctx, b.probe, b.libraryWanted())
+		if err != nil {
+			b.log.Debug("redis: loading the library failed; calls go by EVALSHA until it loads", "err", err)
+			return
 		}
+		b.useLibrary(loaded, refusal)
 	}()
 }

@@ -675,15 +675,7 @@ func TestLibraryRefused(t *testing.T) {
 	if err := admin.Do(ctx, "acl", "setuser", "nofn", "on", ">pw", "~*", "&*", "+@all", "-function").Err(); err != nil {
 		t.Fatal(err)
 	}
-	target, err := ParseURL("redis://nofn:pw@" + r.Addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := New(ctx, Options{Target: target})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := newURLBackend(t, "redis://nofn:pw@"+r.Addr())
 	if !b.Healthy() || b.fcall.Load() {
 		t.Fatalf("healthy %v, calls by FCALL %v: want healthy, by EVALSHA", b.Healthy(), b.fcall.Load())
 	}
@@ -697,6 +689,21 @@ func TestLibraryRefused(t *testing.T) {
 	if n, err := admin.FunctionList(ctx, goredis.FunctionListQuery{}).Result(); err != nil || len(n) != 0 {
 		t.Fatalf("libraries %v (err %v), want none", n, err)
 	}
+}
+
+// newURLBackend connects to the Redis at url with default options, closed when the test ends.
+func newURLBackend(t *testing.T, url string) *Backend {
+	t.Helper()
+	target, err := ParseURL(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := New(context.Background(), Options{Target: target})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	return b
 }
 
 // TestFCallRefused: a Redis that takes the library but refuses FCALL (renamed, as a proxy or a
@@ -762,15 +769,7 @@ func TestLibraryLater(t *testing.T) {
 	if err := admin.ConfigSet(ctx, "maxmemory", "1").Err(); err != nil {
 		t.Fatal(err)
 	}
-	target, err := ParseURL(r.URL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, err := New(ctx, Options{Target: target})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer b.Close()
+	b := newURLBackend(t, r.URL())
 	if !b.Healthy() || b.fcall.Load() || b.libraryRefused.Load() {
 		t.Fatalf("healthy %v, calls by FCALL %v, library refused %v: want healthy, EVALSHA, not refused for good",
 			b.Healthy(), b.fcall.Load(), b.libraryRefused.Load())

@@ -128,11 +128,15 @@ func (b *Backend) exec(ctx context.Context, cmds []*goredis.Cmd) error {
 	var refused error
 	for i, c := range cmds {
 		err := c.Err()
+		if err == nil {
+			continue
+		}
 		gone := fcall && goredis.HasErrorPrefix(err, "Function not found")
-		if fcall && fcallRefused(err) {
+		refuse := fcall && fcallRefused(err)
+		if refuse {
 			refused = err
 		}
-		if gone || (fcall && fcallRefused(err)) || goredis.HasErrorPrefix(err, "NOSCRIPT") {
+		if gone || refuse || goredis.HasErrorPrefix(err, "NOSCRIPT") {
 			lost = lost || gone
 			args := append([]any(nil), c.Args()...)
 			args[0], args[1] = "eval", scriptSource
@@ -146,7 +150,6 @@ func (b *Backend) exec(ctx context.Context, cmds []*goredis.Cmd) error {
 		// or may not run it (an ACL).
 		b.refuseLibrary(refused)
 	case lost:
-		b.fcall.Store(false)
 		b.reloadLibrary()
 	case !fcall && b.libraryWanted() && b.mono() >= b.libraryNext.Load():
 		b.reloadLibrary()
@@ -370,6 +373,7 @@ func (b *Backend) refuseLibrary(why error) {
 // a call found it missing, or libraryRetry after a load that failed. Calls go as EVALSHA
 // meanwhile.
 func (b *Backend) reloadLibrary() {
+	b.fcall.Store(false)
 	b.libraryNext.Store(b.mono() + int64(libraryRetry))
 	if !b.reloading.CompareAndSwap(false, true) {
 		return

@@ -67,6 +67,7 @@ func TestRunConfigErrors(t *testing.T) {
 		{"bad failure mode", []string{"--failure-mode", "maybe"}, `failure mode "maybe"`},
 		{"bad headers", []string{"--response-headers", "x"}, `response headers "x"`},
 		{"near-limit ratio NaN", []string{"--near-limit-ratio", "NaN"}, "--near-limit-ratio NaN: want a value in [0, 1]"},
+		{"too many stream workers", []string{"--grpc-stream-workers", "1000000"}, "--grpc-stream-workers 1000000: want at most 4096"},
 		{"bad log level", []string{"--log-level", "loud"}, `--log-level "loud"`},
 		{"client CA without cert", []string{"--grpc-tls-client-ca", bad}, "--grpc-tls-client-ca needs --grpc-tls-cert"},
 		{"busy port", []string{"--grpc-addr", busy.Addr().String()}, "--grpc-addr"},

@@ -91,6 +91,9 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	if c.maxStreams == 0 {
 		return nil, errors.New("--grpc-max-concurrent-streams 0: want at least 1")
 	}
+	if c.streamWorkers > maxStreamWorkers {
+		return nil, fmt.Errorf("--grpc-stream-workers %d: want at most %d (calls beyond the workers run on goroutines of their own)", c.streamWorkers, maxStreamWorkers)
+	}
 	if !(c.nearLimitRatio >= 0 && c.nearLimitRatio <= 1) { // NaN too
 		return nil, fmt.Errorf("--near-limit-ratio %v: want a value in [0, 1]", c.nearLimitRatio)
 	}

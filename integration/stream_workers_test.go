@@ -49,3 +49,16 @@ func TestStreamWorkersBusy(t *testing.T) {
 		}
 	}
 }
+
+// TestStreamWorkersStarted: --grpc-stream-workers reaches the gRPC server: an idle process keeps
+// that many more goroutines than one without workers.
+func TestStreamWorkersStarted(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	none := goroutines(t, startRLS(t, nil, "--config", rules, "--grpc-stream-workers", "0"))
+	many := goroutines(t, startRLS(t, nil, "--config", rules, "--grpc-stream-workers", "300"))
+	// Both idle, started alike: they differ by the workers, give or take a goroutine that a
+	// connection or a timer holds at the moment of reading.
+	if d := many - none; d < 290 || d > 310 {
+		t.Fatalf("goroutines: %d with 300 workers, %d without; want about 300 more", many, none)
+	}
+}

@@ -105,6 +105,8 @@ func TestBackendErrorKinds(t *testing.T) {
 			"OK OK OK", "unavailable", 0, ""},
 		{"deadline", fmt.Errorf("%w: %w", backend.ErrUnavailable, context.DeadlineExceeded), FailError,
 			"Unavailable: rate limit backend unavailable: timeout", "timeout", 0, ""},
+		{"the caller left: not the backend failing", fmt.Errorf("%w: %w", backend.ErrUnavailable, context.Canceled), FailError,
+			"Unavailable: rate limit backend unavailable: canceled", "canceled", 0, ""},
 		{"overload is answered by the failure mode, counted apart", fmt.Errorf("%w: shed", backend.ErrOverloaded), FailDeny,
 			"OVER_LIMIT OVER_LIMIT OVER_LIMIT", "", 1, ""},
 		{"overload, mode error", backend.ErrOverloaded, FailError,
@@ -130,7 +132,7 @@ func TestBackendErrorKinds(t *testing.T) {
 			if strings.Contains(got, "127.0.0.1") || strings.Contains(got, "NOAUTH") || strings.Contains(got, "10.1.2.3") {
 				t.Fatalf("the client sees internals: %q", got)
 			}
-			for _, k := range []string{"timeout", "unavailable", "other"} {
+			for _, k := range []string{"timeout", "unavailable", "canceled", "other"} {
 				want := 0.0
 				if k == tc.kind {
 					want = 1

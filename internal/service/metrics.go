@@ -90,7 +90,7 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 		}),
 		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rls_backend_errors_total",
-			Help: "Backend decisions that failed, by kind: timeout and unavailable (answered by the failure mode), other (answered INTERNAL). Overload sheds are counted apart.",
+			Help: "Backend decisions that failed, by kind: timeout and unavailable (answered by the failure mode), canceled (the caller left first), other (answered INTERNAL). Overload sheds are counted apart.",
 		}, []string{"kind"}),
 		overload: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "rls_overload_shed_total",
@@ -260,6 +260,10 @@ func (m *Metrics) backendError(err error) {
 	kind := "other"
 	switch {
 	case !errors.Is(err, backend.ErrUnavailable):
+	case errors.Is(err, context.Canceled):
+		// The caller left before the backend answered (under overload, mostly because its
+		// deadline passed while the call waited in this process): not the backend failing.
+		kind = "canceled"
 	case errors.Is(err, context.DeadlineExceeded):
 		kind = "timeout"
 	default:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -275,9 +276,17 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 				steps /= 5 // the same script, called another way
 			}
 			now := time.Now().UnixMicro()
+			if seed := os.Getenv("RLS_TEST_SEED"); seed != "" {
+				// Replays a run: the seed a failure logged.
+				v, err := strconv.ParseInt(seed, 10, 64)
+				if err != nil {
+					t.Fatalf("RLS_TEST_SEED: %v", err)
+				}
+				now = v
+			}
 			b.scriptNow = func() int64 { return now }
 			rng := rand.New(rand.NewPCG(2, uint64(now)))
-			t.Logf("seed %d", now)
+			t.Logf("seed %d (RLS_TEST_SEED replays it)", now)
 			keys := make([]string, 12)
 			limits := make([]backend.Limit, len(keys))
 			tokyo, err := time.LoadLocation("Asia/Tokyo")

@@ -212,7 +212,9 @@ func TestTinyDeadlines(t *testing.T) {
 	}
 	defer func() { close(done); wg.Wait() }()
 	out := make([]backend.Decision, 1)
-	ordinary := backend.Limit{Rate: 1000, Period: time.Hour, Burst: 1000}
+	// One request back every hour: none while the test runs, however slow the machine (at
+	// 1000 an hour, one came back every 3.6s, and a busy run took longer than that).
+	ordinary := backend.Limit{Rate: 1000, Period: 1000 * time.Hour, Burst: 1000}
 	for i := range 300 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		ok, err := b.Decide(ctx, []backend.Request{{Key: "ordinary", Limit: ordinary, Cost: 1}}, out)

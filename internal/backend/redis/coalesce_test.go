@@ -189,26 +189,27 @@ func (r waitResult) String() string {
 	return [...]string{"replied", "unsent", "inFlight", "canceled"}[r]
 }
 
-// TestStarved: a probe is inconclusive when a tenth or more of the waits for a CPU during it
-// lasted a tenth of its timeout or longer.
+// TestStarved: a probe of timeout 1s is inconclusive when a tenth or more of the waits for a
+// CPU during it lasted 100ms or longer, or one of them lasted 500ms or longer.
 func TestStarved(t *testing.T) {
 	h := func(counts ...uint64) *metrics.Float64Histogram {
-		// Buckets: [0, 1ms), [1ms, 100ms), [100ms, 1s), [1s, +Inf).
-		return &metrics.Float64Histogram{Counts: counts, Buckets: []float64{0, 0.001, 0.1, 1, math.Inf(1)}}
+		// Buckets: [0, 1ms), [1ms, 100ms), [100ms, 500ms), [500ms, +Inf).
+		return &metrics.Float64Histogram{Counts: counts, Buckets: []float64{0, 0.001, 0.1, 0.5, math.Inf(1)}}
 	}
 	for _, tc := range []struct {
 		before, after *metrics.Float64Histogram
 		want          bool
 	}{
 		{h(10, 0, 0, 0), h(110, 0, 0, 0), false},    // all quick
-		{h(10, 0, 0, 0), h(100, 9, 1, 0), false},    // 1 of 100 slow
-		{h(10, 0, 0, 0), h(100, 0, 9, 1), true},     // 10 of 100 slow
-		{h(0, 0, 5, 0), h(0, 0, 5, 0), false},       // no waits between the samples
+		{h(10, 0, 0, 0), h(100, 9, 1, 0), false},    // 1 of 100 slow, none very slow
+		{h(10, 0, 0, 0), h(100, 0, 10, 0), true},    // 10 of 100 slow
+		{h(10, 0, 0, 0), h(10000, 0, 0, 1), true},   // 1 of 10,000 very slow: maybe the probe's
+		{h(0, 0, 5, 1), h(0, 0, 5, 1), false},       // no waits between the samples
 		{nil, h(0, 0, 5, 0), false},                 // no sample
 		{h(0, 0, 5), h(0, 0, 9, 0), false},          // different shapes
-		{h(1000, 0, 0, 0), h(1000, 0, 0, 30), true}, // only slow ones since
+		{h(1000, 0, 0, 0), h(1000, 0, 30, 0), true}, // only slow ones since
 	} {
-		if got := starved(tc.before, tc.after, 100*time.Millisecond); got != tc.want {
+		if got := starved(tc.before, tc.after, time.Second); got != tc.want {
 			t.Errorf("starved(%v, %v) = %v, want %v", tc.before, tc.after, got, tc.want)
 		}
 	}

@@ -451,7 +451,7 @@ func (b *Backend) kickProbe() {
 			b.lastReply.Store(b.mono())
 		case isReply(err) && !unavailableReply(err):
 			b.lastReply.Store(b.mono())
-		case b.lastReply.Load() > start || took > 2*b.probeTO || starved(before, schedLatencies(), b.probeTO/10):
+		case b.lastReply.Load() > start || took > 2*b.probeTO || starved(before, schedLatencies(), b.probeTO):
 			b.log.Debug("redis probe inconclusive: this process is starved of CPU", "took", took, "err", err)
 		default:
 			b.br.trip(fmt.Errorf("no answer to a probe within %v: %w", b.probeTO, err))
@@ -470,21 +470,28 @@ func schedLatencies() *metrics.Float64Histogram {
 	return s[0].Value.Float64Histogram()
 }
 
-// starved reports whether, between two samples of schedLatencies, a tenth or more of the waits
-// for a CPU lasted slow or longer.
-func starved(before, after *metrics.Float64Histogram, slow time.Duration) bool {
+// starved reports whether, between two samples of schedLatencies taken around a probe of the
+// given timeout, this process was too short of CPU for the probe to tell anything: a tenth or
+// more of the waits for a CPU lasted a tenth of the timeout or longer, or some wait lasted half
+// of it. The latter is the probe's own case: a reply that arrived in time but whose reader
+// waited in the run queue past the deadline reads as a timeout (the deadline is checked before
+// the socket), and that one long wait can hide among thousands of short ones.
+func starved(before, after *metrics.Float64Histogram, timeout time.Duration) bool {
 	if before == nil || after == nil || len(before.Counts) != len(after.Counts) {
 		return false
 	}
-	var all, long uint64
+	var all, long, longest uint64
 	for i, n := range after.Counts {
 		d := n - before.Counts[i]
 		all += d
-		if after.Buckets[i] >= slow.Seconds() { // the bucket's lower bound
+		if after.Buckets[i] >= (timeout / 10).Seconds() { // the bucket's lower bound
 			long += d
 		}
+		if after.Buckets[i] >= (timeout / 2).Seconds() {
+			longest += d
+		}
 	}
-	return all > 0 && long*10 >= all
+	return all > 0 && (long*10 >= all || longest > 0)
 }
 
 // fromCache answers the batch when the cache knows every request of it is denied. held

@@ -184,17 +184,10 @@ func (j *job) undo(ctx context.Context, b *Backend, reqs []backend.Request) erro
 		var keys []string
 		var vals []byte
 		for n, i := range j.idx[k] {
-			d := c.delta[4*n : 4*n+4]
-			if d[0] == 0 && d[1] == 0 && d[2] == 0 {
-				continue
+			var ok bool
+			if vals, ok = c.appendUndo(vals, n, &reqs[i]); ok {
+				keys = append(keys, c.keys[n])
 			}
-			r := &reqs[i]
-			keys = append(keys, c.keys[n])
-			od := 2 * int64(r.Limit.Algorithm)
-			if r.Limit.Overdraft {
-				od++
-			}
-			vals = appendDoubles(vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, d[0], d[1], od, d[2], d[3])
 		}
 		if len(keys) > 0 {
 			cmds = append(cmds, newScriptCmd(undoArgs(script.Hash(), b.nowArg(), keys, vals)))

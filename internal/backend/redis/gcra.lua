@@ -35,19 +35,20 @@
 --       Replies with one string of doubles: charged (1/0), then per key allowed, remaining,
 --       retry_us, reset_us; with ARGV[4] = "1" also, per key, the check-only remaining and
 --       reset_us (what the key reports once the batch is undone) and the exact change written
---       (delta_us, delta_frac in 1/rate us; zero but on a key's last occurrence), then two
---       more: under sliding_log the hits a refund removed and the instant of the newest of them.
+--       (delta_us, delta_frac in 1/rate us; zero but on a key's last occurrence), then m and m
+--       pairs: under sliding_log the entries a refund took hits from (instant, hits), else 0.
 --   "m" several batches, each decided as by "d" with ARGV[4] = "0", in order, as one call each
 --       would: ARGV[3], ARGV[4] are the first batch's threshold and values, ARGV[5], ARGV[6] the
 --       second's, and so on; KEYS are the batches' keys in order. Replies with the replies of
 --       "d", concatenated. This pays the fixed cost of a script call (and TIME) once for many
 --       concurrent calls.
 --   "u" undo: ARGV[3] per key: rate, period, burst, delta_us, delta_frac, overdraft (1/0) +
---       2*algorithm, removed, removed_at: subtracts a change that "d" wrote (for a batch another slot refused),
---       within [now, now + burst], or under overdraft [now, now + MAX_TOLERANCE]. Under the
---       window algorithms the change is (hits, the end of their window) or, under sliding_log,
---       (hits, their instant).
---
+--       2*algorithm, m, then m pairs, as "d" replied them: subtracts a change that "d" wrote
+--       (for a batch another slot refused), within [now, now + burst], or under overdraft
+--       [now, now + MAX_TOLERANCE]. Under the window algorithms the change is (hits, the end of
+--       their window) or, under sliding_log, (hits, their instant) and the entries to give back.
+--       Replies with the empty string.
+
 -- The window algorithms (backend/window.go) store their state as doubles too: fixed_window
 -- and sliding_window (algorithm, window end, count, previous count, rate, period: 48 bytes),
 -- sliding_log (3, rate, period, entries, hits before the first entry, then per entry its instant
@@ -57,7 +58,6 @@
 -- Overdraft (see backend.Decide): a denied charge of cost > 0 under an overdraft limit is
 -- written anyway, its TAT saturating at now + MAX_TOLERANCE, and never refuses its batch. With
 -- that bound every TAT stays below now + 2*MAX_TOLERANCE < 2^53 (until the year 2055).
---       Replies with the empty string.
 
 local MAX_TOLERANCE = 100 * 365 * 24 * 3600 * 1000000
 local TWO53 = 9007199254740992
@@ -570,32 +570,75 @@ local function wrefund(s, W, now, cost)
   return ns, 1, math.max(rate - used(W, cur, prev, now), 0), 0, left(expiry(ns), now)
 end
 
--- wdelta is the change a charged call wrote to a window key, for undo: (hits, window end, 0,
--- 0) or, under sliding_log, (hits added, now, hits removed, the instant of the newest entry
--- removed from). The hits removed come back at that one instant: where a refund took hits from
--- several entries, the undone log holds them a little longer than it did (never fewer).
+-- wdelta is the change a charged call wrote to a window key, for undo: (hits, window end) and no
+-- entries or, under sliding_log, (hits added, now) and the entries a refund took hits from, as
+-- a list of instant, hits pairs in order of instant. Hits are only ever added at now and taken
+-- from the newest entries, so the entries both logs share come first.
 local function wdelta(before, after, W, now)
   if W.alg == 3 then
-    local la, na = live(after, W, now)
-    local lb, nb = live(before, W, now)
-    local ha = at_now(la, now)
-    local hb, i = at_now(lb, now)
-    local added = math.max(ha - hb, 0)
-    local removed = math.max(nb + added - na, 0)
-    local at = 0
-    if removed > 0 and i >= 1 then
-      at = entry(lb, i)
+    local la = live(after, W, now)
+    local lb = live(before, W, now)
+    local p, m = 0, math.min(la.k, lb.k)
+    while p < m do
+      local ta, ca = entry(la, p + 1)
+      local tb, cb = entry(lb, p + 1)
+      if ta ~= tb or ca ~= cb then
+        break
+      end
+      p = p + 1
     end
-    return added, now, removed, at
+    local removed, kept = {}, p
+    local _, c0 = entry(lb, p)
+    for i = p + 1, lb.k do
+      local t, c = entry(lb, i)
+      local h = c - c0
+      if i == p + 1 and p < la.k then
+        local ta, ca = entry(la, i)
+        if ta == t and ca < c then
+          -- Partly taken: the after log keeps the rest of this entry.
+          h, kept = c - ca, i
+        end
+      end
+      removed[#removed + 1], removed[#removed + 2] = t, h
+      c0 = c
+    end
+    local _, ck = entry(la, kept)
+    local _, cz = entry(la, la.k)
+    return cz - ck, now, removed
   end
   local ca = counts(after, W)
   local cb = counts(before, W)
-  return ca - cb, W.stop, 0, 0
+  return ca - cb, W.stop, {}
+end
+
+-- restore returns log L with the hits of r (instant, hits pairs in order of instant) back at
+-- their instants: into an entry at the same instant, or as a new entry before the later ones.
+local function restore(L, r)
+  local parts, extra, j, prev = {}, 0, 1, L.base
+  for i = 1, L.k do
+    local t, c = entry(L, i)
+    while j < #r and r[j] < t do
+      extra = extra + r[j + 1]
+      parts[#parts + 1] = pack("<dd", r[j], prev + extra)
+      j = j + 2
+    end
+    while j < #r and r[j] == t do
+      extra, j = extra + r[j + 1], j + 2
+    end
+    parts[#parts + 1] = pack("<dd", t, c + extra)
+    prev = c
+  end
+  while j < #r do
+    extra = extra + r[j + 1]
+    parts[#parts + 1] = pack("<dd", r[j], prev + extra)
+    j = j + 2
+  end
+  return {e = table.concat(parts), k = #parts, base = L.base}
 end
 
 -- wundo gives back hits that "d" wrote under a window algorithm (see wdelta).
-local function wundo(s, alg, rate, period, hits, at, removed, removed_at)
-  if not s and (hits < 0 or removed > 0) then
+local function wundo(s, alg, rate, period, hits, at, removed)
+  if not s and (hits < 0 or #removed > 0) then
     -- A refund emptied the key, which was then deleted: give its hits back to a new state.
     s = {at, 0, rate, period, alg, 0, empty_log()}
   end
@@ -613,19 +656,8 @@ local function wundo(s, alg, rate, period, hits, at, removed, removed_at)
       local take = math.min(hits, c - p)
       L, hits = pop(L, take), hits - take
     end
-    if removed > 0 then
-      -- Back after the entries up to removed_at; the later ones count them too.
-      local i = L.k
-      while i >= 1 and entry(L, i) > removed_at do
-        i = i - 1
-      end
-      local _, c = entry(L, i)
-      local parts = {string.sub(L.e, 1, 16 * i), pack("<dd", removed_at, c + removed)}
-      for m = i + 1, L.k do
-        local t, cm = entry(L, m)
-        parts[#parts + 1] = pack("<dd", t, cm + removed)
-      end
-      L = {e = table.concat(parts), k = L.k + 1, base = L.base}
+    if #removed > 0 then
+      L = restore(L, removed)
     end
     s[7] = L
     return s
@@ -755,13 +787,16 @@ local KEYS_, ARGV_, now
 local function undo()
   local args, pos = ARGV_[3], 1
   for i = 1, #KEYS_ do
-    local rate, period, burst, dus, df, od
-    local removed, removed_at
-    rate, period, burst, dus, df, od, removed, removed_at, pos = unpack("<dddddddd", args, pos)
+    local rate, period, burst, dus, df, od, m
+    rate, period, burst, dus, df, od, m, pos = unpack("<ddddddd", args, pos)
+    local removed = {}
+    for j = 1, 2 * m do
+      removed[j], pos = unpack("<d", args, pos)
+    end
     local alg = floor(od / 2)
     if alg ~= 0 then
       local s = load(KEYS_[i])
-      local ns = wundo(s, alg, rate, period, dus, df, removed, removed_at)
+      local ns = wundo(s, alg, rate, period, dus, df, removed)
       if ns then
         store(KEYS_[i], ns, s ~= false, now)
       end
@@ -929,18 +964,25 @@ local function batch(k0, args, quota_refuse, multi)
         _, _, rem, _, reset = apply(states[KEYS_[k0 + i]], lim[i], 0, false)
       end
       local key = KEYS_[k0 + i]
-      local dus, df, d3, d4 = 0, 0, 0, 0
+      local dus, df, removed = 0, 0, nil
       if charge and last[key] == i then
         local L = lim[i]
         if L.alg then
-          dus, df, d3, d4 = wdelta(states[key], cur[key], L, now)
+          dus, df, removed = wdelta(states[key], cur[key], L, now)
         else
           local aus, af = current(cur[key], L, now)
           local bus, bf = current(states[key], L, now)
           dus, df = sub(aus, af, bus, bf, L[1])
         end
       end
-      emit(pack("<dddddd", rem, reset, dus, df, d3, d4))
+      if removed and #removed > 0 then
+        emit(pack("<ddddd", rem, reset, dus, df, #removed / 2))
+        for j = 1, #removed do
+          emit(pack("<d", removed[j]))
+        end
+      else
+        emit(pack("<ddddd", rem, reset, dus, df, 0))
+      end
     end
   end
   if charge then

@@ -602,6 +602,73 @@ func TestClusterCrossSlotConcurrent(t *testing.T) {
 	}
 }
 
+// TestClusterUndoRestoresLog: a batch across two Cluster masters refunds a sliding_log key more
+// hits than its newest entry holds, and the other master refuses the batch. The undo gives each
+// hit back at the instant it was admitted, so the key frees its hits exactly as before the batch.
+func TestClusterUndoRestoresLog(t *testing.T) {
+	b := newTestBackend(t, clusterEnv, Options{})
+	ctx := context.Background()
+	cc := b.rdb.(*goredis.ClusterClient)
+	var ka, kb, addrA string
+	for i := 0; kb == ""; i++ {
+		k := "undo-log-" + strconv.Itoa(i)
+		n, err := cc.MasterForKey(ctx, storedKey(b.prefix, k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case ka == "":
+			ka, addrA = k, n.Options().Addr
+		case n.Options().Addr != addrA:
+			kb = k
+		}
+	}
+	log := backend.Limit{Rate: 5, Period: time.Minute, Burst: 5, Algorithm: backend.SlidingLog}
+	spent := backend.Limit{Rate: 1, Period: time.Hour, Burst: 1}
+	t0 := time.Now().UnixMicro()
+	now := t0
+	b.scriptNow = func() int64 { return now }
+	decide := func(reqs ...backend.Request) bool {
+		t.Helper()
+		ok, err := b.Decide(ctx, reqs, make([]backend.Decision, len(reqs)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ok
+	}
+	// Two hits at t0, two a second later; the other key spent for the hour.
+	if !decide(backend.Request{Key: ka, Limit: log, Cost: 2}, backend.Request{Key: kb, Limit: spent, Cost: 1}) {
+		t.Fatal("the first batch was refused")
+	}
+	now += 1e6
+	if !decide(backend.Request{Key: ka, Limit: log, Cost: 2}) {
+		t.Fatal("the second batch was refused")
+	}
+	want := backend.State{Alg: backend.SlidingLog, Rate: 5, Period: 60e6, Log: []int64{t0, 2, t0 + 1e6, 2}}
+	for _, batch := range [][]backend.Request{
+		{{Key: ka, Limit: log, Cost: 3, Refund: true}, {Key: kb, Limit: spent, Cost: 1}},
+		// A refund of every hit, then a charge at now, in the same refused batch.
+		{{Key: ka, Limit: log, Cost: 5, Refund: true}, {Key: ka, Limit: log, Cost: 1}, {Key: kb, Limit: spent, Cost: 1}},
+	} {
+		now += 1e6
+		if decide(batch...) {
+			t.Fatalf("batch %+v admitted: the other key is spent", batch)
+		}
+		if got, ok := readState(t, b.rdb, storedKey(b.prefix, ka)); !ok || !got.Equal(want) {
+			t.Fatalf("after the refused batch %+v the key holds %+v (%v), want %+v", batch, got, ok, want)
+		}
+	}
+	// Once t0's hits leave the minute, the two of t0 + 1s still count.
+	now = t0 + 60e6 + 1
+	out := make([]backend.Decision, 1)
+	if _, err := b.Decide(ctx, []backend.Request{{Key: ka, Limit: log}}, out); err != nil {
+		t.Fatal(err)
+	}
+	if out[0].Remaining != 3 || out[0].ResetAfter != time.Second-time.Microsecond {
+		t.Fatalf("after t0's hits left: %+v, want 3 remaining and a reset in 999.999ms", out[0])
+	}
+}
+
 // TestNoScript: after SCRIPT FLUSH and FUNCTION FLUSH every call still works, direct and
 // pipelined, and the count carries on; the library of Redis Functions is loaded again and calls
 // go by it once more.

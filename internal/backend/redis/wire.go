@@ -28,8 +28,9 @@ const (
 const (
 	valuesPerKey  = 8 // rate, period, burst, cost, flags, and the window: offset or start, end, next end
 	decisionWords = 4 // allowed, remaining, retry_us, reset_us
-	multiWords    = 6 // check remaining, check reset_us, delta_us, delta_frac, removed, removed_at
-	undoPerKey    = 8 // rate, period, burst, delta_us, delta_frac, overdraft + 2×algorithm, removed, removed_at
+	multiWords    = 5 // check remaining, check reset_us, delta_us, delta_frac, m; then m entries
+	undoPerKey    = 7 // rate, period, burst, delta_us, delta_frac, overdraft + 2×algorithm, m; then m entries
+	entryWords    = 2 // a sliding_log entry given back by an undo: instant, hits
 	stateBytes    = 32
 )
 
@@ -45,7 +46,8 @@ type call struct {
 	charged bool
 	dec     []backend.Decision // per key
 	check   []int64            // multi: per key remaining, reset µs
-	delta   []int64            // multi: per key µs, frac, and under sliding_log hits removed and when
+	delta   []int64            // multi: per key µs, frac, m, then m sliding_log entries (instant, hits)
+	deltaAt []int              // multi: where each key's delta starts in delta
 	err     error              // the call failed: no reply
 }
 
@@ -59,6 +61,7 @@ func (c *call) reset() {
 	c.dec = c.dec[:0]
 	c.check = c.check[:0]
 	c.delta = c.delta[:0]
+	c.deltaAt = c.deltaAt[:0]
 	c.err = nil
 }
 
@@ -91,7 +94,7 @@ func (c *call) add(key string, r *backend.Request, now int64) {
 	c.vals = appendDoubles(c.vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, cost, flags, wa, wb, wc)
 }
 
-// replyBytes is the length of c's reply.
+// replyBytes is the length of c's reply; of a multi call's, the least (one without entries).
 func (c *call) replyBytes() int {
 	n := 1 + decisionWords*len(c.keys)
 	if c.multi {
@@ -149,7 +152,7 @@ func mergedArgs(sha string, now int64, calls []*call) []any {
 }
 
 // undoArgs returns the EVALSHA arguments that give back what a decide call wrote; vals holds
-// undoPerKey doubles per key.
+// per key undoPerKey doubles, then the m entries the last of them counts (see appendUndo).
 func undoArgs(sha string, now int64, keys []string, vals []byte) []any {
 	args := make([]any, 0, 6+len(keys))
 	args = append(args, "evalsha", sha, len(keys))
@@ -159,9 +162,25 @@ func undoArgs(sha string, now int64, keys []string, vals []byte) []any {
 	return append(args, opUndo, now, vals)
 }
 
+// appendUndo appends to vals the undo values of key n of the multi call c, whose request is r,
+// and reports whether there is anything to undo.
+func (c *call) appendUndo(vals []byte, n int, r *backend.Request) ([]byte, bool) {
+	d := c.delta[c.deltaAt[n]:]
+	m := d[2]
+	if d[0] == 0 && d[1] == 0 && m == 0 {
+		return vals, false
+	}
+	od := 2 * int64(r.Limit.Algorithm)
+	if r.Limit.Overdraft {
+		od++
+	}
+	vals = appendDoubles(vals, r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst, d[0], d[1], od, m)
+	return appendDoubles(vals, d[3:3+entryWords*m]...), true
+}
+
 // decodeDecide reads a decide reply into c.
 func decodeDecide(reply string, c *call) error {
-	if len(reply) != c.replyBytes() {
+	if len(reply) != c.replyBytes() && !(c.multi && len(reply) > c.replyBytes()) {
 		return fmt.Errorf("script reply: %d bytes for %d keys, want %d", len(reply), len(c.keys), c.replyBytes())
 	}
 	r := doubles(reply)
@@ -175,12 +194,29 @@ func decodeDecide(reply string, c *call) error {
 			ResetAfter: time.Duration(r.next()) * time.Microsecond,
 		})
 	}
-	c.check, c.delta = c.check[:0], c.delta[:0]
-	if c.multi {
-		for range c.keys {
-			c.check = append(c.check, r.next(), r.next())
-			c.delta = append(c.delta, r.next(), r.next(), r.next(), r.next())
+	c.check, c.delta, c.deltaAt = c.check[:0], c.delta[:0], c.deltaAt[:0]
+	if !c.multi {
+		return nil
+	}
+	for n := range c.keys {
+		// What is left holds this key's words and the other keys' at least.
+		if r.left() < multiWords*(len(c.keys)-n) {
+			return fmt.Errorf("script reply: %d bytes for %d keys end inside key %d's delta", len(reply), len(c.keys), n)
 		}
+		c.check = append(c.check, r.next(), r.next())
+		c.deltaAt = append(c.deltaAt, len(c.delta))
+		c.delta = append(c.delta, r.next(), r.next())
+		m := r.next()
+		if m < 0 || m > int64(r.left()-multiWords*(len(c.keys)-n-1))/entryWords {
+			return fmt.Errorf("script reply: %d bytes for %d keys, key %d's delta says %d entries", len(reply), len(c.keys), n, m)
+		}
+		c.delta = append(c.delta, m)
+		for range entryWords * m {
+			c.delta = append(c.delta, r.next())
+		}
+	}
+	if r.left() != 0 {
+		return fmt.Errorf("script reply: %d bytes for %d keys, %d more than the deltas say", len(reply), len(c.keys), 8*r.left())
 	}
 	return nil
 }
@@ -266,6 +302,9 @@ func appendDoubles(buf []byte, vals ...int64) []byte {
 type doubleReader struct{ s string }
 
 func doubles(s string) *doubleReader { return &doubleReader{s} }
+
+// left is the number of whole doubles left to read.
+func (r *doubleReader) left() int { return len(r.s) / 8 }
 
 func (r *doubleReader) next() int64 {
 	var b [8]byte

@@ -102,9 +102,30 @@ func TestWireFormat(t *testing.T) {
 	})
 
 	t.Run("undo arguments", func(t *testing.T) {
-		vals := appendDoubles(nil, 7, 3_000_000, 5, 428_571, 3)
-		args := plain(undoArgs("sha", 0, []string{"rls:k0"}, vals))
-		want := fmt.Sprint([]any{"evalsha", "sha", 1, "rls:k0", "u", int64(0), vals})
+		// A multi call of a GCRA key, a key with nothing to undo and a sliding_log key a refund
+		// took hits from at two instants; its reply, then the undo of what it wrote.
+		log := backend.Limit{Rate: 4, Period: time.Minute, Burst: 4, Algorithm: backend.SlidingLog}
+		reqs := []backend.Request{{Limit: l, Cost: 1}, {Limit: l}, {Limit: log, Cost: 3, Refund: true}}
+		c := newCall(true, reqs...)
+		reply := doublesOf(1, 1, 4, 0, 428572, 1, 5, 0, 0, 1, 4, 0, 0) +
+			doublesOf(5, 0, 428571, 3, 0, 5, 0, 0, 0, 0, 4, 0, 0, 9, 2, 1e6, 1, 2e6, 2)
+		if err := decodeDecide(reply, c); err != nil {
+			t.Fatal(err)
+		}
+		var keys []string
+		var vals []byte
+		for n := range c.keys {
+			var ok bool
+			if vals, ok = c.appendUndo(vals, n, &reqs[n]); ok {
+				keys = append(keys, c.keys[n])
+			}
+		}
+		wantVals := doublesOf(7, 3e6, 5, 428571, 3, 0, 0) + doublesOf(4, 60e6, 4, 0, 9, 6, 2, 1e6, 1, 2e6, 2)
+		if string(vals) != wantVals {
+			t.Fatalf("undo values %x, want %x", vals, wantVals)
+		}
+		args := plain(undoArgs("sha", 0, keys, vals))
+		want := fmt.Sprint([]any{"evalsha", "sha", 2, "rls:k0", "rls:k2", "u", int64(0), []byte(wantVals)})
 		if fmt.Sprint(args) != want {
 			t.Fatalf("args %v, want %v", args, want)
 		}
@@ -121,14 +142,26 @@ func TestWireFormat(t *testing.T) {
 			want: "true [{true 4 0s 428.572ms}] [] []"},
 		{name: "two keys, one denied", n: 2, reply: doublesOf(0, 1, 3, 0, 10, 0, 0, 250000, 1e6),
 			want: "false [{true 3 0s 10µs} {false 0 250ms 1s}] [] []"},
-		{name: "multi", multi: true, n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, 0, 0),
-			want: "true [{true 4 0s 428.572ms}] [5 0] [428571 3 0 0]"},
+		{name: "multi", multi: true, n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, 0),
+			want: "true [{true 4 0s 428.572ms}] [5 0] [428571 3 0]"},
+		{name: "multi with entries", multi: true, n: 2, reply: doublesOf(1, 1, 4, 0, 428572, 1, 1, 0, 9) +
+			doublesOf(4, 9, 0, 8, 2, 5, 6, 7, 8, 1, 2, 3, 4, 0),
+			want: "true [{true 4 0s 428.572ms} {true 1 0s 9µs}] [4 9 1 2] [0 8 2 5 6 7 8 3 4 0]"},
+		{name: "multi, entries beyond the reply", multi: true, n: 2, reply: doublesOf(1, 1, 4, 0, 428572, 1, 1, 0, 9) +
+			doublesOf(4, 9, 0, 8, 3, 5, 6, 7, 8, 1, 2, 3, 4, 0),
+			want: "script reply: 184 bytes for 2 keys, key 0's delta says 3 entries"},
+		{name: "multi, negative entries", multi: true, n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, -1),
+			want: "script reply: 80 bytes for 1 keys, key 0's delta says -1 entries"},
+		{name: "multi, bytes left over", multi: true, n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, 0, 7),
+			want: "script reply: 88 bytes for 1 keys, 8 more than the deltas say"},
+		{name: "multi, short", multi: true, n: 2, reply: doublesOf(1, 1, 4, 0, 428572, 1, 1, 0, 9, 4, 9, 0, 8, 0),
+			want: "script reply: 112 bytes for 2 keys, want 152"},
 		{name: "short", n: 2, reply: doublesOf(1, 1, 4, 0, 428572),
 			want: "script reply: 40 bytes for 2 keys, want 72"},
 		{name: "not doubles", n: 1, reply: "OK",
 			want: "script reply: 2 bytes for 1 keys, want 40"},
-		{name: "multi reply for a plain call", n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, 0, 0),
-			want: "script reply: 88 bytes for 1 keys, want 40"},
+		{name: "multi reply for a plain call", n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, 0),
+			want: "script reply: 80 bytes for 1 keys, want 40"},
 	} {
 		t.Run("reply "+tc.name, func(t *testing.T) {
 			c := &call{multi: tc.multi, keys: make([]string, tc.n)}

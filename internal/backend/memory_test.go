@@ -12,6 +12,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/backend/backendtest"
+	"github.com/rls-project/rls/internal/rlstest"
 )
 
 func TestMemoryConformance(t *testing.T) {
@@ -185,6 +186,7 @@ func BenchmarkMemoryDecide(b *testing.B) {
 		keys[i] = fmt.Sprintf("5:bench|6:api_key|%d", i)
 	}
 	b.ReportAllocs()
+	cpu := rlstest.ProcessCPU(b)
 	b.RunParallel(func(pb *testing.PB) {
 		reqs := []backend.Request{{Limit: l, Cost: 1}}
 		out := make([]backend.Decision, 1)
@@ -197,6 +199,7 @@ func BenchmarkMemoryDecide(b *testing.B) {
 			}
 		}
 	})
+	rlstest.ReportCPU(b, cpu)
 }
 
 // BenchmarkMemoryDecideBatch decides batches of 8 keys held, as a request with several

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/rlstest"
 )
 
 // benchClients runs body from clients goroutines in all (one: a plain loop).
@@ -33,6 +34,9 @@ func benchClients(b *testing.B, clients int, body func(i int64)) {
 
 // BenchmarkDecide measures one-request batches on distinct keys (the admitted path), with and
 // without coalescing, at 1, 8 and 64 concurrent clients, on a single node and on the Cluster.
+// cpu-ns/op is this process's CPU per decision, the kernel's work for its round trips included
+// (Redis's own CPU is another process's): set beside BenchmarkMemoryDecide's, what the Redis
+// path costs rls itself.
 func BenchmarkDecide(b *testing.B) {
 	for _, topo := range []struct{ name, env string }{{"single", singleEnv}, {"cluster", clusterEnv}} {
 		for _, co := range []struct {
@@ -48,6 +52,7 @@ func BenchmarkDecide(b *testing.B) {
 					be := newTestBackend(b, topo.env, co.opts)
 					l := backend.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
 					b.ReportAllocs()
+					cpu := rlstest.ProcessCPU(b)
 					benchClients(b, clients, func(i int64) {
 						out := make([]backend.Decision, 1)
 						ok, err := be.Decide(context.Background(), []backend.Request{{Key: "bench-" + strconv.FormatInt(i%10000, 10), Limit: l, Cost: 1}}, out)
@@ -55,6 +60,7 @@ func BenchmarkDecide(b *testing.B) {
 							b.Fatalf("admitted=%v err=%v", ok, err)
 						}
 					})
+					rlstest.ReportCPU(b, cpu)
 				})
 			}
 		}

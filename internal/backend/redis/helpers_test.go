@@ -117,3 +117,23 @@ func startSentinel(t testing.TB, master string) string {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// keysOnTwoMasters returns two keys named prefix and a number whose Cluster masters differ.
+func keysOnTwoMasters(t *testing.T, b *Backend, prefix string) (string, string) {
+	t.Helper()
+	cc := b.rdb.(*goredis.ClusterClient)
+	var ka, addrA string
+	for i := 0; ; i++ {
+		k := prefix + strconv.Itoa(i)
+		n, err := cc.MasterForKey(context.Background(), storedKey(b.prefix, k))
+		if err != nil {
+			t.Fatal(err)
+		}
+		switch {
+		case ka == "":
+			ka, addrA = k, n.Options().Addr
+		case n.Options().Addr != addrA:
+			return ka, k
+		}
+	}
+}

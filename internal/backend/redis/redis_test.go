@@ -549,23 +549,7 @@ func TestClusterCrossSlotConcurrent(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newTestBackend(t, clusterEnv, tc.opts)
 			ctx := context.Background()
-			cc := b.rdb.(*goredis.ClusterClient)
-			// Two keys whose masters differ.
-			var ka, kb string
-			var addrA string
-			for i := 0; kb == ""; i++ {
-				k := "xs-" + strconv.Itoa(i)
-				n, err := cc.MasterForKey(ctx, storedKey(b.prefix, k))
-				if err != nil {
-					t.Fatal(err)
-				}
-				switch {
-				case ka == "":
-					ka, addrA = k, n.Options().Addr
-				case n.Options().Addr != addrA:
-					kb = k
-				}
-			}
+			ka, kb := keysOnTwoMasters(t, b, "xs-")
 			la := backend.Limit{Rate: 100, Period: time.Hour, Burst: 100}
 			lb := backend.Limit{Rate: 50, Period: time.Hour, Burst: 50}
 			var admitted, denied atomic.Int64
@@ -608,21 +592,7 @@ func TestClusterCrossSlotConcurrent(t *testing.T) {
 func TestClusterUndoRestoresLog(t *testing.T) {
 	b := newTestBackend(t, clusterEnv, Options{})
 	ctx := context.Background()
-	cc := b.rdb.(*goredis.ClusterClient)
-	var ka, kb, addrA string
-	for i := 0; kb == ""; i++ {
-		k := "undo-log-" + strconv.Itoa(i)
-		n, err := cc.MasterForKey(ctx, storedKey(b.prefix, k))
-		if err != nil {
-			t.Fatal(err)
-		}
-		switch {
-		case ka == "":
-			ka, addrA = k, n.Options().Addr
-		case n.Options().Addr != addrA:
-			kb = k
-		}
-	}
+	ka, kb := keysOnTwoMasters(t, b, "undo-log-")
 	log := backend.Limit{Rate: 5, Period: time.Minute, Burst: 5, Algorithm: backend.SlidingLog}
 	spent := backend.Limit{Rate: 1, Period: time.Hour, Burst: 1}
 	t0 := time.Now().UnixMicro()

@@ -362,7 +362,7 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 	if c.streamWorkers > 0 {
 		// A new goroutine per call grows its stack to what the handler needs on every call
 		// (runtime.newstack, about a tenth of rls's CPU under load); a worker grows it once.
-		opts = append(opts, grpc.NumStreamWorkers(uint32(min(c.streamWorkers, math.MaxUint32))))
+		opts = append(opts, grpc.NumStreamWorkers(uint32(c.streamWorkers))) // at most maxStreamWorkers
 	}
 	if c.maxConnAge > 0 {
 		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{

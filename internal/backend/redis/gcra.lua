@@ -570,10 +570,10 @@ local function wrefund(s, W, now, cost)
   return ns, 1, math.max(rate - used(W, cur, prev, now), 0), 0, left(expiry(ns), now)
 end
 
--- wdelta is the change a charged call wrote to a window key, for undo: (hits, window end) and no
--- entries or, under sliding_log, (hits added, now) and the entries a refund took hits from, as
--- a list of instant, hits pairs in order of instant. Hits are only ever added at now and taken
--- from the newest entries, so the entries both logs share come first.
+-- wdelta is the change a charged call wrote to a window key, for undo: (hits, window end) or,
+-- under sliding_log, (hits added, now) and the entries a refund took hits from, as a list of
+-- instant, hits pairs in order of instant. Hits are only ever added at now and taken from the
+-- newest entries, so the entries both logs share come first.
 local function wdelta(before, after, W, now)
   if W.alg == 3 then
     local la = live(after, W, now)
@@ -599,7 +599,8 @@ local function wdelta(before, after, W, now)
           h, kept = c - ca, i
         end
       end
-      removed[#removed + 1], removed[#removed + 2] = t, h
+      removed[#removed + 1] = t
+      removed[#removed + 1] = h
       c0 = c
     end
     local _, ck = entry(la, kept)
@@ -608,7 +609,7 @@ local function wdelta(before, after, W, now)
   end
   local ca = counts(after, W)
   local cb = counts(before, W)
-  return ca - cb, W.stop, {}
+  return ca - cb, W.stop
 end
 
 -- restore returns log L with the hits of r (instant, hits pairs in order of instant) back at
@@ -975,13 +976,10 @@ local function batch(k0, args, quota_refuse, multi)
           dus, df = sub(aus, af, bus, bf, L[1])
         end
       end
-      if removed and #removed > 0 then
-        emit(pack("<ddddd", rem, reset, dus, df, #removed / 2))
-        for j = 1, #removed do
-          emit(pack("<d", removed[j]))
-        end
-      else
-        emit(pack("<ddddd", rem, reset, dus, df, 0))
+      local m = removed and #removed / 2 or 0
+      emit(pack("<ddddd", rem, reset, dus, df, m))
+      for j = 1, 2 * m do
+        emit(pack("<d", removed[j]))
       end
     end
   end

@@ -64,6 +64,7 @@ type serveConfig struct {
 	xds             *xdsConfig
 	usage           *usageConfig
 	rlqs            *rlqsConfig
+	bounds          *boundsConfig
 
 	configAllFiles    bool
 	configDotFiles    bool
@@ -134,6 +135,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	c.xds = xdsFlags(fs)
 	c.usage = usageFlags(fs)
 	c.rlqs = rlqsFlags(fs)
+	c.bounds = boundsFlags(fs)
 	if err := parseFlags(fs, args, env); err != nil {
 		return c, err
 	}
@@ -141,6 +143,9 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 		return c, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
 	}
 	if err := c.rlqs.validate(); err != nil {
+		return c, err
+	}
+	if err := c.bounds.validate(); err != nil {
 		return c, err
 	}
 	c.env = env
@@ -352,6 +357,8 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 		// (gRPC's own default is 16 MiB of headers per call, with no bound on calls).
 		grpc.MaxConcurrentStreams(uint32(min(c.maxStreams, math.MaxUint32))),
 		grpc.MaxHeaderListSize(grpcMaxHeaderBytes),
+		// A larger message is refused from its length prefix, before it is read.
+		grpc.MaxRecvMsgSize(c.bounds.maxRequestBytes),
 		grpc.ChainUnaryInterceptor(interceptors...),
 		// Streams (RLQS) too: a panic ends the stream with INTERNAL, not the process.
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recovered)),

@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	grpcprom "github.com/grpc-ecosystem/go-grpc-middleware/providers/prometheus"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -124,10 +123,16 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	if s.local, err = backend.NewMemory(c.memoryOptions()); err != nil {
 		return nil, err
 	}
+	overrides, err := c.bounds.overridePolicy()
+	if err != nil {
+		return nil, err
+	}
 	s.svc, err = service.New(s.rules, service.Options{
 		Backend: s.be, Logger: s.log, Headers: headers, FailureMode: s.failure, Local: s.local,
 		Metrics: metrics, Tracer: s.tracing.tracer, DetailedMetricValues: c.detailedValues,
 		LegacyHeaderNames: c.headerNames, ShadowMode: c.shadowMode, QuotaMode: c.quotaMode,
+		MaxInflightBytes: c.bounds.maxInflightBytes, MaxJSONBytes: int64(c.bounds.maxRequestBytes),
+		Overrides: overrides,
 	})
 	if err != nil {
 		return nil, err
@@ -158,7 +163,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	if err != nil {
 		return nil, err
 	}
-	rlsv3.RegisterRateLimitServiceServer(s.grpc, s.svc)
+	service.RegisterServer(s.grpc, s.svc)
 	if s.rlqs, err = startRLQS(s.grpc, c, s.svc, reg, s.log); err != nil {
 		return nil, err
 	}

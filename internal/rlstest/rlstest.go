@@ -346,3 +346,41 @@ func (p *Proc) Stop(t testing.TB) {
 
 // Output is what the process has printed so far.
 func (p *Proc) Output() string { return p.out.String() }
+
+// Pid is the process's id.
+func (p *Proc) Pid() int { return p.cmd.Process.Pid }
+
+// Memory reads the process's resident set size now and its peak (VmRSS and VmHWM of
+// /proc/PID/status), in bytes.
+func (p *Proc) Memory(t testing.TB) (rss, peak int64) {
+	t.Helper()
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.Pid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok || (k != "VmRSS" && k != "VmHWM") {
+			continue
+		}
+		var kb int64
+		if _, err := fmt.Sscanf(strings.TrimSpace(v), "%d kB", &kb); err != nil {
+			t.Fatalf("/proc/%d/status: %s: %v", p.Pid(), line, err)
+		}
+		if k == "VmRSS" {
+			rss = kb << 10
+		} else {
+			peak = kb << 10
+		}
+	}
+	return rss, peak
+}
+
+// ResetPeakMemory sets the process's peak resident set size (VmHWM) to its size now, so that
+// a later Memory reports the peak since.
+func (p *Proc) ResetPeakMemory(t testing.TB) {
+	t.Helper()
+	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", p.Pid()), []byte("5"), 0); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -6,9 +6,11 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/encoding"
 	grpcproto "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
@@ -38,14 +40,40 @@ func (c codec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
-	m, ok := v.(*rlsv3.RateLimitRequest)
-	if !ok {
+	var m *rlsv3.RateLimitRequest
+	var bounded *boundedRequest
+	switch v := v.(type) {
+	case *rlsv3.RateLimitRequest:
+		m = v
+	case *boundedRequest:
+		bounded, m = v, v.req
+	default:
 		return c.base.Unmarshal(data, v)
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
-	return UnmarshalRequest(buf.ReadOnlyData(), m)
+	err := UnmarshalRequest(buf.ReadOnlyData(), m)
+	var be *boundError
+	if bounded != nil && errors.As(err, &be) {
+		bounded.err = status.Error(codes.InvalidArgument, be.reason)
+		return nil
+	}
+	return err
 }
+
+// boundedRequest is what the ShouldRateLimit handler of RegisterServer decodes into: a request
+// crossing one of the bounds on a request is not decoded further, and err is the
+// INVALID_ARGUMENT it is answered (a codec error would reach the client as INTERNAL).
+type boundedRequest struct {
+	req *rlsv3.RateLimitRequest
+	err error
+}
+
+// boundError is a request found, while decoding, to cross one of the bounds on a request; its
+// reason is the text validation gives for it.
+type boundError struct{ reason string }
+
+func (e *boundError) Error() string { return e.reason }
 
 func (codec) Name() string { return grpcproto.Name }
 
@@ -56,15 +84,26 @@ var errDecode = errors.New("cannot parse invalid wire-format data")
 // merges, last-one-wins scalars and unknown fields kept — except that string fields are not
 // checked for UTF-8: validate does that, so that the answer is INVALID_ARGUMENT. Strings are
 // copied, never aliasing b.
+//
+// A request crossing a bound on its shape (MaxDescriptors, MaxEntries, MaxKeyBytes,
+// MaxValueBytes) is not decoded further: the error, a *boundError, gives the reason validate
+// would. Counts are read off the wire before anything of theirs is built, so what a request can
+// make rls allocate is bounded by those constants, not by the size of the message.
 func UnmarshalRequest(b []byte, m *rlsv3.RateLimitRequest) error {
 	proto.Reset(m)
+	if n := countField(b, 2); n > MaxDescriptors {
+		return &boundError{tooManyDescriptors(n)}
+	}
 	return decodeMessage(b, m, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
+			if len(v) > MaxValueBytes {
+				return &boundError{domainTooLong}
+			}
 			m.Domain = string(v)
 		case num == 2 && typ == protowire.BytesType:
 			d := &ratelimitv3.RateLimitDescriptor{}
-			if err := decodeDescriptor(v, d); err != nil {
+			if err := decodeDescriptor(v, d, len(m.Descriptors)); err != nil {
 				return err
 			}
 			m.Descriptors = append(m.Descriptors, d)
@@ -77,12 +116,39 @@ func UnmarshalRequest(b []byte, m *rlsv3.RateLimitRequest) error {
 	})
 }
 
-func decodeDescriptor(b []byte, m *ratelimitv3.RateLimitDescriptor) error {
+// countField counts the fields numbered num with the length-delimited wire type among the
+// top-level fields of the message in b, without decoding them. Bytes that are not a message
+// count as far as they parse: decoding them reports the error.
+func countField(b []byte, num protowire.Number) int {
+	n := 0
+	for len(b) > 0 {
+		fn, typ, l := protowire.ConsumeTag(b)
+		if l < 0 {
+			return n
+		}
+		b = b[l:]
+		l = protowire.ConsumeFieldValue(fn, typ, b)
+		if l < 0 {
+			return n
+		}
+		if fn == num && typ == protowire.BytesType {
+			n++
+		}
+		b = b[l:]
+	}
+	return n
+}
+
+// decodeDescriptor decodes b, the request's descriptor number i, into m.
+func decodeDescriptor(b []byte, m *ratelimitv3.RateLimitDescriptor, i int) error {
+	if n := countField(b, 1); n > MaxEntries {
+		return &boundError{tooManyEntries(i, n)}
+	}
 	return decodeMessage(b, m, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
 			e := &ratelimitv3.RateLimitDescriptor_Entry{}
-			if err := decodeEntry(v, e); err != nil {
+			if err := decodeEntry(v, e, i, len(m.Entries)); err != nil {
 				return err
 			}
 			m.Entries = append(m.Entries, e)
@@ -111,12 +177,19 @@ func decodeDescriptor(b []byte, m *ratelimitv3.RateLimitDescriptor) error {
 	})
 }
 
-func decodeEntry(b []byte, m *ratelimitv3.RateLimitDescriptor_Entry) error {
+// decodeEntry decodes b, entry j of descriptor i, into m.
+func decodeEntry(b []byte, m *ratelimitv3.RateLimitDescriptor_Entry, i, j int) error {
 	return decodeMessage(b, m, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
+			if len(v) > MaxKeyBytes {
+				return &boundError{keyTooLong(i, j)}
+			}
 			m.Key = string(v)
 		case num == 2 && typ == protowire.BytesType:
+			if len(v) > MaxValueBytes {
+				return &boundError{valueTooLong(i, j)}
+			}
 			m.Value = string(v)
 		default:
 			return errUnknownField

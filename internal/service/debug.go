@@ -115,7 +115,7 @@ type explainDescriptor struct {
 // (remaining, time to a full burst). It charges nothing.
 func (s *Service) ExplainHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		req, ok := readRequest(w, r)
+		req, ok := readRequest(w, r, s.maxJSON)
 		if !ok {
 			return
 		}
@@ -143,7 +143,7 @@ func (s *Service) explain(r *http.Request, req *rlsv3.RateLimitRequest) any {
 			es[j] = descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()}
 		}
 		out[i].Entries = es
-		if d.GetLimit() != nil {
+		if wk.descs[i].override {
 			out[i].Override = true
 			continue
 		}

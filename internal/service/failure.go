@@ -132,9 +132,12 @@ func (s *Service) failed(ctx context.Context, req *rlsv3.RateLimitRequest, w *wo
 		markFailed(w.items)
 		return nil, status.Error(codes.Internal, internalMessage)
 	}
-	if errors.Is(err, backend.ErrOverloaded) {
+	switch {
+	case errors.Is(err, errInflight):
+		s.metrics.inflightShed()
+	case errors.Is(err, backend.ErrOverloaded):
 		s.metrics.overloadShed()
-	} else {
+	default:
 		s.metrics.backendError(err)
 	}
 	stands, local := failurePolicy(w.items)
@@ -175,6 +178,8 @@ func unavailableMessage(err error) string {
 	const msg = "rate limit backend unavailable"
 	var ne net.Error
 	switch {
+	case errors.Is(err, errInflight):
+		return "rls overloaded: too many requests in flight"
 	case errors.Is(err, backend.ErrOverloaded):
 		return msg + ": overloaded"
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():

@@ -325,7 +325,7 @@ func counterValue(t *testing.T, c prometheus.Counter) float64 {
 func TestJSONTooLarge(t *testing.T) {
 	f := newFixture(t, Options{})
 	h := f.svc.JSONHandler()
-	big := `{"domain":"api","descriptors":[{"entries":[{"key":"key","value":"` + strings.Repeat("x", maxJSONBody) + `"}]}]}`
+	big := `{"domain":"api","descriptors":[{"entries":[{"key":"key","value":"` + strings.Repeat("x", DefaultMaxRequestBytes) + `"}]}]}`
 	for _, declared := range []bool{true, false} {
 		req := httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(big))
 		req.Header.Set("Content-Type", "application/json")

@@ -1,6 +1,8 @@
 package service
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -13,9 +15,6 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
-// maxJSONBody bounds a POST /json body.
-const maxJSONBody = 1 << 20
-
 // JSONHandler serves POST /json: a RateLimitRequest in protojson in, the RateLimitResponse in
 // protojson out, with status 200 when OK, 429 when over the limit, 400 for a bad request and
 // 503 when the backend is unavailable.
@@ -27,7 +26,7 @@ func (s *Service) JSONHandler() http.Handler {
 				http.Error(w, "internal error", http.StatusInternalServerError)
 			}
 		}()
-		req, ok := readRequest(w, r)
+		req, ok := readRequest(w, r, s.maxJSON)
 		if !ok {
 			return
 		}
@@ -62,7 +61,10 @@ func (s *Service) JSONHandler() http.Handler {
 // Only Content-Type application/json is accepted: a browser sends that cross-site only after a
 // CORS preflight, which rls never answers, so a page elsewhere cannot spend a user's budget with
 // a form or a simple fetch (text/plain, form encodings).
-func readRequest(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitRequest, bool) {
+//
+// A body is at most maxBody bytes (413 past that), and its shape is checked against the bounds on
+// a request (MaxDescriptors, MaxEntries, nesting) as it is scanned, before any of it is built.
+func readRequest(w http.ResponseWriter, r *http.Request, maxBody int64) (*rlsv3.RateLimitRequest, bool) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		http.Error(w, "use POST with a JSON RateLimitRequest", http.StatusMethodNotAllowed)
@@ -73,13 +75,13 @@ func readRequest(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitReques
 		http.Error(w, "Content-Type must be application/json", http.StatusUnsupportedMediaType)
 		return nil, false
 	}
-	tooLarge := fmt.Sprintf("the body is over %d bytes", maxJSONBody)
-	if r.ContentLength > maxJSONBody {
+	tooLarge := fmt.Sprintf("the body is over %d bytes", maxBody)
+	if r.ContentLength > maxBody {
 		// Said up front: answered before reading any of it.
 		http.Error(w, tooLarge, http.StatusRequestEntityTooLarge)
 		return nil, false
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
 	if err != nil {
 		var mb *http.MaxBytesError
 		if errors.As(err, &mb) {
@@ -90,10 +92,97 @@ func readRequest(w http.ResponseWriter, r *http.Request) (*rlsv3.RateLimitReques
 		}
 		return nil, false
 	}
+	if err := scanJSON(body); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return nil, false
+	}
 	var req rlsv3.RateLimitRequest
 	if err := protojson.Unmarshal(body, &req); err != nil {
 		http.Error(w, "invalid RateLimitRequest JSON: "+err.Error(), http.StatusBadRequest)
 		return nil, false
 	}
 	return &req, true
+}
+
+// maxJSONDepth bounds the nesting of a /json body: a RateLimitRequest nests five deep (request,
+// descriptors, descriptor, entries, entry).
+const maxJSONDepth = 8
+
+// scanJSON walks a /json body's tokens, without building anything of it, and refuses one with
+// more descriptors or entries than a request may carry (with the reason validation gives) or
+// nested deeper than a RateLimitRequest can be. protojson builds a whole body before validation
+// could count it, so without this a 1 MiB body of empty descriptors would take tens of MB.
+// Bodies that are not JSON pass: protojson says what is wrong with them.
+func scanJSON(body []byte) error {
+	sc := jsonScan{dec: json.NewDecoder(bytes.NewReader(body))}
+	sc.dec.UseNumber()
+	err := sc.value(jsonRequest, 0, 0)
+	var be *boundError
+	if errors.As(err, &be) {
+		return be
+	}
+	return nil
+}
+
+type jsonScan struct{ dec *json.Decoder }
+
+// What a JSON value is in a RateLimitRequest, as far as its bounds go.
+const (
+	jsonOther = iota
+	jsonRequest
+	jsonDescriptors
+	jsonDescriptor
+	jsonEntries
+)
+
+// value scans one value of kind at depth; i is its descriptor's index.
+func (sc *jsonScan) value(kind, depth, i int) error {
+	if depth > maxJSONDepth {
+		return &boundError{fmt.Sprintf("JSON nested deeper than %d", maxJSONDepth)}
+	}
+	tok, err := sc.dec.Token()
+	if err != nil {
+		return err
+	}
+	switch tok {
+	case json.Delim('{'):
+		for sc.dec.More() {
+			k, err := sc.dec.Token()
+			if err != nil {
+				return err
+			}
+			child := jsonOther
+			switch {
+			case kind == jsonRequest && k == "descriptors":
+				child = jsonDescriptors
+			case kind == jsonDescriptor && k == "entries":
+				child = jsonEntries
+			}
+			if err := sc.value(child, depth+1, i); err != nil {
+				return err
+			}
+		}
+	case json.Delim('['):
+		n := 0
+		for sc.dec.More() {
+			child := jsonOther
+			if kind == jsonDescriptors && n < MaxDescriptors {
+				child = jsonDescriptor
+			}
+			if err := sc.value(child, depth+1, n); err != nil {
+				return err
+			}
+			n++
+		}
+		switch {
+		case kind == jsonDescriptors && n > MaxDescriptors:
+			return &boundError{tooManyDescriptors(n)}
+		case kind == jsonEntries && n > MaxEntries:
+			return &boundError{tooManyEntries(i, n)}
+		}
+	default:
+		return nil
+	}
+	_, err = sc.dec.Token() // the closing delimiter
+	return err
 }

@@ -42,6 +42,7 @@ type Metrics struct {
 	latency    prometheus.Histogram
 	errors     *prometheus.CounterVec
 	overload   prometheus.Counter
+	inflight   prometheus.Counter
 	loads      *prometheus.CounterVec
 	generation prometheus.Gauge
 	lastLoad   prometheus.Gauge
@@ -96,6 +97,10 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 			Name: "rls_overload_shed_total",
 			Help: "Requests shed because this process could not decide them in time with the backend healthy; answered by the failure mode.",
 		}),
+		inflight: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rls_inflight_shed_total",
+			Help: "Requests shed because the requests already in flight held --max-inflight-bytes; answered by the failure mode.",
+		}),
 		loads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rls_config_loads_total",
 			Help: "Rule set loads by result (success, failure).",
@@ -116,7 +121,7 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 		rules:     map[*descriptors.Limit]*ruleCounters{},
 		detailed:  map[ruleID]*detailedValues{},
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.overload, m.loads, m.generation, m.lastLoad, m.algorithms} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.overload, m.inflight, m.loads, m.generation, m.lastLoad, m.algorithms} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -278,6 +283,14 @@ func (m *Metrics) overloadShed() {
 		return
 	}
 	m.overload.Inc()
+}
+
+// inflightShed counts a request shed because the requests in flight held their bound.
+func (m *Metrics) inflightShed() {
+	if m == nil {
+		return
+	}
+	m.inflight.Inc()
 }
 
 // record counts the decision of descriptor d, matched to r, whose deciding item is it.

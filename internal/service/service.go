@@ -63,6 +63,15 @@ type Options struct {
 	DetailedMetricValues int
 	// LegacyHeaderNames renames the headers of HeadersLegacy.
 	LegacyHeaderNames LegacyHeaderNames
+	// MaxInflightBytes bounds the memory that requests being decided may hold at once, as
+	// requestWeight counts it; a request that would take the total past it is shed through the
+	// failure mode, counted in rls_inflight_shed_total. 0: no bound.
+	MaxInflightBytes int64
+	// MaxJSONBytes bounds a POST /json body (0: DefaultMaxRequestBytes).
+	MaxJSONBytes int64
+	// Overrides says what a descriptor's limit override may do (the zero value: overrides
+	// allowed, of any period).
+	Overrides OverridePolicy
 	// ShadowMode and QuotaMode put every rule in shadow mode or quota mode, as if each had
 	// shadow_mode: true or quota_mode: true.
 	ShadowMode, QuotaMode bool
@@ -90,6 +99,10 @@ type Service struct {
 	shadowAll    bool     // every rule in shadow mode
 	quotaAll     bool     // every rule in quota mode
 	errLog       errorLog // backend errors other than unavailability
+	maxInflight  int64
+	inflight     atomic.Int64 // requestWeight of the requests being decided
+	maxJSON      int64
+	overrides    OverridePolicy
 
 	mu         sync.Mutex // serializes SetRules
 	generation atomic.Uint64
@@ -116,7 +129,12 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 	s := &Service{backend: opts.Backend, log: opts.Logger, headers: opts.Headers, failure: opts.FailureMode,
 		localBackend: opts.Local, metrics: opts.Metrics, tracer: opts.Tracer,
 		detailedMax: cmp.Or(opts.DetailedMetricValues, DefaultDetailedMetricValues),
-		headerNames: opts.LegacyHeaderNames.withDefaults(), shadowAll: opts.ShadowMode, quotaAll: opts.QuotaMode}
+		headerNames: opts.LegacyHeaderNames.withDefaults(), shadowAll: opts.ShadowMode, quotaAll: opts.QuotaMode,
+		maxInflight: opts.MaxInflightBytes, maxJSON: cmp.Or(opts.MaxJSONBytes, DefaultMaxRequestBytes),
+		overrides: opts.Overrides}
+	if opts.MaxInflightBytes < 0 || opts.MaxJSONBytes < 0 {
+		return nil, errors.New("service: MaxInflightBytes and MaxJSONBytes must be ≥ 0")
+	}
 	s.pool.New = func() any { return new(work) }
 	if rules != nil {
 		s.SetRules(rules)
@@ -169,6 +187,8 @@ type descState struct {
 	rule   *descriptors.Rule // nil: no rule, or an override
 	limits []descriptors.Limit
 	over   [1]descriptors.Limit // backs limits for a request's override
+	// override: limits is the descriptor's own override, decided in a key of its own.
+	override bool
 }
 
 // item is one backend request of a request: one limit of one descriptor, with its decision and
@@ -195,6 +215,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	if err := validate(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	if err := s.overrides.check(req); err != nil {
+		return nil, err
+	}
 	rs := s.rules.Load()
 	if rs == nil {
 		return nil, status.Error(codes.Unavailable, "no rules loaded yet")
@@ -204,6 +227,14 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	s.translate(rs, req, w, false)
 	admitted := true
 	if len(w.items) > 0 {
+		if s.maxInflight > 0 {
+			weight := requestWeight(req)
+			if s.inflight.Add(weight) > s.maxInflight {
+				s.inflight.Add(-weight)
+				return s.failed(ctx, req, w, errInflight)
+			}
+			defer s.inflight.Add(-weight)
+		}
 		var err error
 		if admitted, err = s.decide(ctx, w); err != nil {
 			return s.failed(ctx, req, w, err)
@@ -226,9 +257,14 @@ func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest
 	domain := req.GetDomain()
 	for i, d := range req.Descriptors {
 		ds := &w.descs[i]
-		if o := d.GetLimit(); o != nil {
-			ds.over[0] = overrideLimit(o)
-			ds.limits = ds.over[:]
+		if o := d.GetLimit(); o != nil && !s.overrides.Ignore {
+			// As envoyproxy/ratelimit does, an override applies in a domain the rules
+			// define, whether or not a rule matches its entries; elsewhere it is not applied.
+			if rs.HasDomain(domain) {
+				ds.over[0] = overrideLimit(o)
+				ds.limits = ds.over[:]
+				ds.override = true
+			}
 			continue
 		}
 		w.entries = w.entries[:0]
@@ -276,7 +312,11 @@ func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest
 			if replaced && !keepReplaced {
 				continue
 			}
-			w.appendKey(domain, d.Entries, share, j)
+			if ds.override {
+				w.appendOverrideKey(domain, d.Entries, d.GetLimit())
+			} else {
+				w.appendKey(domain, d.Entries, share, j)
+			}
 			w.items = append(w.items, item{
 				desc: i, limit: l, fail: fail, replaced: replaced, keyEnd: len(w.keys),
 				req: backend.Request{Limit: l.GCRA, Cost: cost, Refund: d.GetIsNegativeHits(), Mode: mode},
@@ -309,6 +349,23 @@ func (w *work) appendKey(domain string, entries []*ratelimitv3.RateLimitDescript
 	}
 	w.keys = append(w.keys, '#')
 	w.keys = strconv.AppendInt(w.keys, int64(limit), 10)
+}
+
+// appendOverrideKey appends the backend key of a descriptor's override: the domain and entries
+// as appendKey encodes them, then "#o" and the override's rate and period. No rule's key ends
+// so ('#' and a limit's index), so an override never reads or writes a rule's state, and two
+// overrides of the same entries share state only when they ask for the same limit: a request
+// can neither reset a rule's window with an override nor re-express another override's state.
+func (w *work) appendOverrideKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) {
+	w.keys = appendField(w.keys, domain)
+	for _, e := range entries {
+		w.keys = appendField(w.keys, e.GetKey())
+		w.keys = appendField(w.keys, e.GetValue())
+	}
+	w.keys = append(w.keys, "#o"...)
+	w.keys = strconv.AppendUint(w.keys, uint64(o.GetRequestsPerUnit()), 10)
+	w.keys = append(w.keys, '/')
+	w.keys = strconv.AppendInt(w.keys, int64(overridePeriod(o)/time.Second), 10)
 }
 
 func appendField(b []byte, s string) []byte {
@@ -487,13 +544,93 @@ func overrideLimit(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) descrip
 	return descriptors.NewLimit("", o.GetRequestsPerUnit(), descriptors.Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue(), 0)
 }
 
+// DefaultMaxRequestBytes is the default bound on a request's encoding, a gRPC message or a
+// POST /json body: 64 descriptors each with a value of MaxValueBytes fit, where Envoy's requests
+// take a few hundred bytes.
+const DefaultMaxRequestBytes = 256 << 10
+
+// DefaultMaxInflightBytes is the default of Options.MaxInflightBytes as the command sets it.
+const DefaultMaxInflightBytes = 64 << 20
+
+// errInflight is the failure of a request shed because those in flight hold MaxInflightBytes.
+var errInflight = fmt.Errorf("%w: too many requests in flight", backend.ErrUnavailable)
+
+// requestWeight is what a validated request is taken to hold while it is decided: its decoded
+// strings, its descriptors' structures, their backend requests, keys and statuses, and the
+// response. It errs high: a typical Envoy request of three entries weighs about 1.5 KiB.
+func requestWeight(req *rlsv3.RateLimitRequest) int64 {
+	w := int64(1024 + len(req.GetDomain()))
+	for _, d := range req.Descriptors {
+		w += 384 + int64(len(req.GetDomain()))
+		for _, e := range d.Entries {
+			w += 64 + 2*int64(len(e.GetKey())+len(e.GetValue()))
+		}
+	}
+	return w
+}
+
+// The reasons a request crossing a bound is refused, given alike by validate and, before the
+// request is decoded whole, by UnmarshalRequest.
+var domainTooLong = fmt.Sprintf("domain longer than %d bytes", MaxValueBytes)
+
+func tooManyDescriptors(n int) string {
+	return fmt.Sprintf("%d descriptors: at most %d", n, MaxDescriptors)
+}
+
+func tooManyEntries(i, n int) string {
+	return fmt.Sprintf("descriptors[%d]: %d entries: at most %d", i, n, MaxEntries)
+}
+
+func keyTooLong(i, j int) string {
+	return fmt.Sprintf("descriptors[%d].entries[%d]: key longer than %d bytes", i, j, MaxKeyBytes)
+}
+
+func valueTooLong(i, j int) string {
+	return fmt.Sprintf("descriptors[%d].entries[%d]: value longer than %d bytes", i, j, MaxValueBytes)
+}
+
+// overridePeriod is the period of an override: its unit times its multiplier (1 when unset).
+func overridePeriod(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) time.Duration {
+	m := int64(max(o.GetUnitMultiplier().GetValue(), 1))
+	return time.Duration(descriptors.Unit(o.GetUnit()).Seconds()*m) * time.Second
+}
+
+// OverridePolicy is what a descriptor's limit override (RateLimitDescriptor.limit) may do.
+type OverridePolicy struct {
+	// Refuse answers a request carrying an override PERMISSION_DENIED.
+	Refuse bool
+	// Ignore decides a descriptor carrying an override by the rules, as if it carried none.
+	Ignore bool
+	// MaxPeriod, when > 0, refuses (INVALID_ARGUMENT) an override whose period, its unit times
+	// its multiplier, is longer: an override's state lives as long as its period.
+	MaxPeriod time.Duration
+}
+
+// check refuses a validated request whose overrides p does not allow.
+func (p OverridePolicy) check(req *rlsv3.RateLimitRequest) error {
+	if p.Ignore || (!p.Refuse && p.MaxPeriod <= 0) {
+		return nil
+	}
+	for i, d := range req.Descriptors {
+		o := d.GetLimit()
+		switch {
+		case o == nil:
+		case p.Refuse:
+			return status.Errorf(codes.PermissionDenied, "descriptors[%d].limit: limit overrides are refused here (--overrides=refuse)", i)
+		case overridePeriod(o) > p.MaxPeriod:
+			return status.Errorf(codes.InvalidArgument, "descriptors[%d].limit: a period of %v is longer than --override-max-period %v", i, overridePeriod(o), p.MaxPeriod)
+		}
+	}
+	return nil
+}
+
 // validate checks a request's shape; the error says what is wrong.
 func validate(req *rlsv3.RateLimitRequest) error {
 	if req.GetDomain() == "" {
 		return errors.New("domain must not be empty")
 	}
 	if len(req.GetDomain()) > MaxValueBytes {
-		return fmt.Errorf("domain longer than %d bytes", MaxValueBytes)
+		return errors.New(domainTooLong)
 	}
 	if !utf8.ValidString(req.GetDomain()) {
 		return errors.New("domain is not valid UTF-8")
@@ -503,14 +640,14 @@ func validate(req *rlsv3.RateLimitRequest) error {
 		return errors.New("descriptors must not be empty")
 	}
 	if n > MaxDescriptors {
-		return fmt.Errorf("%d descriptors: at most %d", n, MaxDescriptors)
+		return errors.New(tooManyDescriptors(n))
 	}
 	for i, d := range req.Descriptors {
 		if d == nil {
 			return fmt.Errorf("descriptors[%d] is null", i)
 		}
 		if len(d.Entries) > MaxEntries {
-			return fmt.Errorf("descriptors[%d]: %d entries: at most %d", i, len(d.Entries), MaxEntries)
+			return errors.New(tooManyEntries(i, len(d.Entries)))
 		}
 		for j, e := range d.Entries {
 			switch {
@@ -519,9 +656,9 @@ func validate(req *rlsv3.RateLimitRequest) error {
 			case e.GetKey() == "":
 				return fmt.Errorf("descriptors[%d].entries[%d]: key must not be empty", i, j)
 			case len(e.GetKey()) > MaxKeyBytes:
-				return fmt.Errorf("descriptors[%d].entries[%d]: key longer than %d bytes", i, j, MaxKeyBytes)
+				return errors.New(keyTooLong(i, j))
 			case len(e.GetValue()) > MaxValueBytes:
-				return fmt.Errorf("descriptors[%d].entries[%d]: value longer than %d bytes", i, j, MaxValueBytes)
+				return errors.New(valueTooLong(i, j))
 			case !utf8.ValidString(e.GetKey()):
 				return fmt.Errorf("descriptors[%d].entries[%d]: key is not valid UTF-8", i, j)
 			case !utf8.ValidString(e.GetValue()):

@@ -1,0 +1,193 @@
+package integration
+
+import (
+	"bytes"
+	"fmt"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rls-project/rls/internal/redistest"
+	"github.com/rls-project/rls/internal/rlstest"
+)
+
+// emptyDescriptors encodes a request of domain "hard" followed by empty descriptors up to
+// size bytes.
+func emptyDescriptors(size int) []byte {
+	b := protowire.AppendString(protowire.AppendTag(nil, 1, protowire.BytesType), "hard")
+	for len(b)+2 <= size {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendVarint(b, 0)
+	}
+	return b
+}
+
+// Hostile requests cost rls no more than a few MB, whatever their size: a 4 MiB message is
+// refused from its length prefix before it is read, one under the bound full of empty
+// descriptors is refused as it is decoded, and /json bodies alike; 8 of each at once, while an
+// ordinary client beside them is answered as usual. (Before these bounds one 4 MiB request
+// took rls from 28 MB to 206 MB, 8 at once to 1.5 GB.) The binary is built without the race
+// detector, whose shadow memory would hide what rls itself holds; RLS_TEST_BINARY runs
+// another build instead, e.g. an earlier revision's for a before-and-after figure.
+func TestHostileRequestsBounded(t *testing.T) {
+	bin := os.Getenv("RLS_TEST_BINARY")
+	if bin == "" {
+		bin = rlstest.BuildBinary(t, false)
+	}
+	rules := writeRules(t, map[string]string{"hard.yaml": svcRules})
+	p := rlstest.Launch(t, bin, nil, "--config", rules, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "")
+	p.WaitReady(t)
+	conn, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	c := rlsv3.NewRateLimitServiceClient(conn)
+	ask := func(user string) rlsv3.RateLimitResponse_Code {
+		resp, err := c.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "hard", Descriptors: []*ratelimitv3.RateLimitDescriptor{svcDesc("user", user)}})
+		if err != nil {
+			t.Errorf("ordinary request: %v", err)
+			return 0
+		}
+		return resp.OverallCode
+	}
+	postJSON := func(body []byte) (int, string) {
+		resp, err := http.Post("http://"+p.HTTPAddr+"/json", "application/json", bytes.NewReader(body))
+		if err != nil {
+			t.Error(err)
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		var b bytes.Buffer
+		b.ReadFrom(resp.Body)
+		return resp.StatusCode, b.String()
+	}
+	// Warm up every path once, so the baseline holds what ordinary traffic needs.
+	for i := range 3 {
+		ask(fmt.Sprint("warm", i))
+		postJSON([]byte(`{"domain":"hard","descriptors":[{"entries":[{"key":"user","value":"warm"}]}]}`))
+	}
+	idle, _ := p.Memory(t)
+	p.ResetPeakMemory(t)
+
+	const maxRequest = 256 << 10 // --max-request-bytes's default
+	huge := emptyDescriptors(4 << 20)
+	under := emptyDescriptors(maxRequest - 16)
+	jsonBody := []byte(`{"domain":"hard","descriptors":[` + strings.Repeat(`{},`, (maxRequest-64)/3) + `{}]}`)
+	jsonHuge := []byte(`{"domain":"hard","descriptors":[` + strings.Repeat(`{},`, (1<<20)/3) + `{}]}`)
+	underN := (len(under) - 6) / 2
+	attacks := []struct {
+		name string
+		run  func() error
+	}{
+		{"4 MiB message", func() error {
+			var out []byte
+			err := conn.Invoke(ctxT(t), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &huge, &out, grpc.ForceCodecV2(svcRawCodec{}))
+			if status.Code(err) != codes.ResourceExhausted {
+				return fmt.Errorf("got %v, want ResourceExhausted", err)
+			}
+			return nil
+		}},
+		{"256 KiB of empty descriptors", func() error {
+			var out []byte
+			err := conn.Invoke(ctxT(t), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &under, &out, grpc.ForceCodecV2(svcRawCodec{}))
+			if want := fmt.Sprintf("%d descriptors: at most 64", underN); status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != want {
+				return fmt.Errorf("got %v, want InvalidArgument %q", err, want)
+			}
+			return nil
+		}},
+		{"256 KiB /json of empty descriptors", func() error {
+			if code, body := postJSON(jsonBody); code != 400 || !strings.Contains(body, "descriptors: at most 64") {
+				return fmt.Errorf("got %d %q, want 400: descriptors: at most 64", code, body)
+			}
+			return nil
+		}},
+		{"1 MiB /json", func() error {
+			if code, body := postJSON(jsonHuge); code != 413 {
+				return fmt.Errorf("got %d %q, want 413", code, body)
+			}
+			return nil
+		}},
+	}
+	for _, a := range attacks {
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				if err := a.run(); err != nil {
+					t.Errorf("%s: %v", a.name, err)
+				}
+			})
+		}
+		// An ordinary client beside them: 3 per minute, then OVER_LIMIT.
+		user := "beside " + a.name
+		for i := range 4 {
+			want := rlsv3.RateLimitResponse_OK
+			if i == 3 {
+				want = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+			if got := ask(user); got != want {
+				t.Errorf("%s: ordinary request %d: %v, want %v", a.name, i+1, got, want)
+			}
+		}
+		wg.Wait()
+		_, peak := p.Memory(t)
+		t.Logf("%s, 8 at once: peak RSS %.1f MB, idle %.1f MB", a.name, float64(peak)/1e6, float64(idle)/1e6)
+		if grew := peak - idle; grew > 16<<20 {
+			t.Errorf("%s, 8 at once: peak RSS grew by %.1f MB over idle %.1f MB", a.name, float64(grew)/1e6, float64(idle)/1e6)
+		}
+	}
+}
+
+// The reported case: on a monthly fixed window, after 3 OK and 1 OVER_LIMIT, one check
+// (hits_addend 0) with an override of 1000/SECOND on the same entries wiped the month's window
+// in Redis, and the next 3 were OK again. An override now has state of its own.
+func TestOverrideCannotResetMonthlyWindow(t *testing.T) {
+	r := redistest.Start(t)
+	rules := writeRules(t, map[string]string{"m.yaml": `
+domain: m
+descriptors:
+  - key: tenant
+    rate_limit: {unit: month, requests_per_unit: 3, algorithm: fixed_window}
+`})
+	p := startRLS(t, nil, "--config", rules, "--backend", "redis", "--redis-url", r.URL())
+	c := p.client(t)
+	ask := func(d *ratelimitv3.RateLimitDescriptor) rlsv3.RateLimitResponse_Code {
+		resp, err := c.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "m", Descriptors: []*ratelimitv3.RateLimitDescriptor{d}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.OverallCode
+	}
+	for i := range 4 {
+		want := rlsv3.RateLimitResponse_OK
+		if i == 3 {
+			want = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if got := ask(svcDesc("tenant", "t")); got != want {
+			t.Fatalf("request %d: %v, want %v", i+1, got, want)
+		}
+	}
+	o := svcDesc("tenant", "t")
+	o.HitsAddend = wrapperspb.UInt64(0)
+	o.Limit = &ratelimitv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 1000, Unit: typev3.RateLimitUnit_SECOND}
+	if got := ask(o); got != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("the override's check: %v", got)
+	}
+	for i := range 3 {
+		if got := ask(svcDesc("tenant", "t")); got != rlsv3.RateLimitResponse_OVER_LIMIT {
+			t.Fatalf("after the override, request %d: %v, want OVER_LIMIT: the month stays spent", i+1, got)
+		}
+	}
+}

@@ -53,8 +53,7 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()
 	err := UnmarshalRequest(buf.ReadOnlyData(), m)
-	var be *boundError
-	if bounded != nil && errors.As(err, &be) {
+	if be, ok := err.(*boundError); ok && bounded != nil {
 		bounded.err = status.Error(codes.InvalidArgument, be.reason)
 		return nil
 	}

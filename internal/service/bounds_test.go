@@ -95,6 +95,15 @@ func TestUnmarshalStopsAtBounds(t *testing.T) {
 		})
 	}
 
+	// A string past its bound that a later occurrence of its field replaces is no error, as
+	// protobuf keeps the last one.
+	replaced := wireRequest(wireDescriptor(append(wireEntry("key", strings.Repeat("v", MaxValueBytes+1)),
+		protowire.AppendString(protowire.AppendTag(nil, 2, protowire.BytesType), "short")...)))
+	var r rlsv3.RateLimitRequest
+	if err := UnmarshalRequest(replaced, &r); err != nil || r.Descriptors[0].Entries[0].Value != "short" {
+		t.Fatalf("a long value replaced by a short one: %v %v", &r, err)
+	}
+
 	huge := make([]byte, 0, 4<<20)
 	for len(huge) < 4<<20-2 {
 		huge = protowire.AppendTag(huge, 2, protowire.BytesType)

@@ -93,11 +93,16 @@ func UnmarshalRequest(b []byte, m *rlsv3.RateLimitRequest) error {
 	if n := countField(b, 2); n > MaxDescriptors {
 		return &boundError{tooManyDescriptors(n)}
 	}
-	return decodeMessage(b, m, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
+	// A string field over its bound is not copied; it is an error unless a later occurrence
+	// of the field replaces it (the last one wins, as in protobuf).
+	long := false
+	err := decodeMessage(b, m, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
-			if len(v) > MaxValueBytes {
-				return &boundError{domainTooLong}
+			long = len(v) > MaxValueBytes
+			if long {
+				m.Domain = ""
+				return nil
 			}
 			m.Domain = string(v)
 		case num == 2 && typ == protowire.BytesType:
@@ -113,6 +118,10 @@ func UnmarshalRequest(b []byte, m *rlsv3.RateLimitRequest) error {
 		}
 		return nil
 	})
+	if err == nil && long {
+		return &boundError{domainTooLong}
+	}
+	return err
 }
 
 // countField counts the fields numbered num with the length-delimited wire type among the
@@ -178,16 +187,19 @@ func decodeDescriptor(b []byte, m *ratelimitv3.RateLimitDescriptor, i int) error
 
 // decodeEntry decodes b, entry j of descriptor i, into m.
 func decodeEntry(b []byte, m *ratelimitv3.RateLimitDescriptor_Entry, i, j int) error {
-	return decodeMessage(b, m, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
+	longKey, longValue := false, false
+	err := decodeMessage(b, m, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
-			if len(v) > MaxKeyBytes {
-				return &boundError{keyTooLong(i, j)}
+			if longKey = len(v) > MaxKeyBytes; longKey {
+				m.Key = ""
+				return nil
 			}
 			m.Key = string(v)
 		case num == 2 && typ == protowire.BytesType:
-			if len(v) > MaxValueBytes {
-				return &boundError{valueTooLong(i, j)}
+			if longValue = len(v) > MaxValueBytes; longValue {
+				m.Value = ""
+				return nil
 			}
 			m.Value = string(v)
 		default:
@@ -195,6 +207,15 @@ func decodeEntry(b []byte, m *ratelimitv3.RateLimitDescriptor_Entry, i, j int) e
 		}
 		return nil
 	})
+	switch {
+	case err != nil:
+		return err
+	case longKey:
+		return &boundError{keyTooLong(i, j)}
+	case longValue:
+		return &boundError{valueTooLong(i, j)}
+	}
+	return nil
 }
 
 func decodeOverride(b []byte, m *ratelimitv3.RateLimitDescriptor_RateLimitOverride) error {

@@ -111,7 +111,19 @@ func FuzzRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var want, got rlsv3.RateLimitRequest
 		werr := proto.Unmarshal(b, &want)
-		err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &got)
+		// As RegisterServer's handler decodes: a request past a bound is refused as it is
+		// decoded, and only a request that validation refuses too may be.
+		in := boundedRequest{req: &got}
+		err := c.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, &in)
+		if in.err != nil {
+			if status.Code(in.err) != codes.InvalidArgument {
+				t.Fatalf("bound error %v, want InvalidArgument", in.err)
+			}
+			if werr == nil && validate(&want) == nil {
+				t.Fatalf("refused while decoding (%v), but the request decoded whole is valid", in.err)
+			}
+			return
+		}
 		switch {
 		case werr == nil && err != nil:
 			t.Fatalf("proto.Unmarshal decodes, the codec refuses: %v", err)

@@ -64,6 +64,7 @@ type serveConfig struct {
 	xds             *xdsConfig
 	usage           *usageConfig
 	rlqs            *rlqsConfig
+	policy          *policyConfig
 
 	configAllFiles    bool
 	configDotFiles    bool
@@ -134,6 +135,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	c.xds = xdsFlags(fs)
 	c.usage = usageFlags(fs)
 	c.rlqs = rlqsFlags(fs)
+	c.policy = policyFlags(fs)
 	if err := parseFlags(fs, args, env); err != nil {
 		return c, err
 	}

@@ -124,10 +124,15 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	if s.local, err = backend.NewMemory(c.memoryOptions()); err != nil {
 		return nil, err
 	}
+	callers, err := newCallerPolicy(c, reg, s.log)
+	if err != nil {
+		return nil, err
+	}
 	s.svc, err = service.New(s.rules, service.Options{
 		Backend: s.be, Logger: s.log, Headers: headers, FailureMode: s.failure, Local: s.local,
 		Metrics: metrics, Tracer: s.tracing.tracer, DetailedMetricValues: c.detailedValues,
 		LegacyHeaderNames: c.headerNames, ShadowMode: c.shadowMode, QuotaMode: c.quotaMode,
+		Authorize: callers.authorizer(),
 	})
 	if err != nil {
 		return nil, err
@@ -148,6 +153,9 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 		}
 	}
 	if err := startReload(rctx, c.reload, path, apply, s.log); err != nil {
+		return nil, err
+	}
+	if err := callers.watch(rctx, c.reload); err != nil {
 		return nil, err
 	}
 

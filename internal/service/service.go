@@ -66,6 +66,9 @@ type Options struct {
 	// ShadowMode and QuotaMode put every rule in shadow mode or quota mode, as if each had
 	// shadow_mode: true or quota_mode: true.
 	ShadowMode, QuotaMode bool
+	// Authorize, when set, is asked about every valid request (gRPC and POST /json) before it is
+	// decided: an error, which should be a gRPC status (PermissionDenied), is the answer.
+	Authorize func(ctx context.Context, req *rlsv3.RateLimitRequest) error
 }
 
 // DefaultDetailedMetricValues is the default of Options.DetailedMetricValues.
@@ -90,6 +93,7 @@ type Service struct {
 	shadowAll    bool     // every rule in shadow mode
 	quotaAll     bool     // every rule in quota mode
 	errLog       errorLog // backend errors other than unavailability
+	authorize    func(context.Context, *rlsv3.RateLimitRequest) error
 
 	mu         sync.Mutex // serializes SetRules
 	generation atomic.Uint64
@@ -118,6 +122,7 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 		detailedMax: cmp.Or(opts.DetailedMetricValues, DefaultDetailedMetricValues),
 		headerNames: opts.LegacyHeaderNames.withDefaults(), shadowAll: opts.ShadowMode, quotaAll: opts.QuotaMode}
 	s.pool.New = func() any { return new(work) }
+	s.authorize = opts.Authorize
 	if rules != nil {
 		s.SetRules(rules)
 	}
@@ -194,6 +199,11 @@ type item struct {
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if s.authorize != nil {
+		if err := s.authorize(ctx, req); err != nil {
+			return nil, err
+		}
 	}
 	rs := s.rules.Load()
 	if rs == nil {

@@ -112,7 +112,8 @@ func (cp *callerPolicy) watch(ctx context.Context, rc *reloadConfig) error {
 	if cp == nil {
 		return nil
 	}
-	return startReload(ctx, rc, cp.path, cp.reload, cp.log)
+	// The watcher's own lines speak of rules: say which file they are about.
+	return startReload(ctx, rc, cp.path, cp.reload, cp.log.With("file", "caller policy"))
 }
 
 // authorizer is the service's Authorize: nil without a policy, so that nothing is asked.

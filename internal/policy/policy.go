@@ -323,11 +323,9 @@ func (p *parser) maxHits(v *yaml.Node, what string) uint64 {
 	return n
 }
 
-var yamlLine = strings.NewReplacer("yaml: ", "")
-
 // yamlError reports one of yaml's errors as file:line: message.
 func (p *parser) yamlError(err error) {
-	msg := yamlLine.Replace(err.Error())
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
 	if rest, ok := strings.CutPrefix(msg, "line "); ok {
 		if num, text, ok := strings.Cut(rest, ": "); ok {
 			if _, err := strconv.Atoi(num); err == nil {

@@ -419,38 +419,43 @@ func (p *Policy) Caller(ids []string) (*Entry, string) {
 // override, refund and hits; the first refused is reported.
 func (p *Policy) Check(ids []string, req *rlsv3.RateLimitRequest) error {
 	e, id := p.Caller(ids)
-	who := "callers without a listed identity (the default entry)"
 	switch {
-	case id != "":
-		who = strconv.Quote(id)
-	case len(ids) == 0 && e == nil:
+	case e == nil && len(ids) == 0:
 		return deny(ReasonCaller, "caller policy: a caller without a client certificate is refused (the policy has no default entry)")
 	case e == nil:
 		return deny(ReasonCaller, "caller policy: no entry names %s and the policy has no default entry", quoteAll(ids))
 	}
 	if !e.AllowsDomain(req.GetDomain()) {
-		return deny(ReasonDomain, "caller policy: %s may not ask about domain %q", who, req.GetDomain())
+		return deny(ReasonDomain, "caller policy: %s may not ask about domain %q", who(id), req.GetDomain())
 	}
 	if e.MaxHits > 0 && uint64(req.GetHitsAddend()) > e.MaxHits {
-		return deny(ReasonHits, "caller policy: hits_addend %d is over %d, the most %s may send", req.GetHitsAddend(), e.MaxHits, who)
+		return deny(ReasonHits, "caller policy: hits_addend %d is over %d, the most %s may send", req.GetHitsAddend(), e.MaxHits, who(id))
 	}
 	for i, d := range req.GetDescriptors() {
-		if err := e.checkDescriptor(i, d, who); err != nil {
+		if err := e.checkDescriptor(i, d, id); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (e *Entry) checkDescriptor(i int, d *ratelimitv3.RateLimitDescriptor, who string) error {
+// who names, in a message, the caller an entry was chosen for by id ("" for the default entry).
+func who(id string) string {
+	if id == "" {
+		return "callers without a listed identity (the default entry)"
+	}
+	return strconv.Quote(id)
+}
+
+func (e *Entry) checkDescriptor(i int, d *ratelimitv3.RateLimitDescriptor, id string) error {
 	if d.GetLimit() != nil && !e.Override {
-		return deny(ReasonOverride, "caller policy: descriptor #%d carries a limit override, which %s may not send", i+1, who)
+		return deny(ReasonOverride, "caller policy: descriptor #%d carries a limit override, which %s may not send", i+1, who(id))
 	}
 	if d.GetIsNegativeHits() && !e.Refund {
-		return deny(ReasonRefund, "caller policy: descriptor #%d refunds (is_negative_hits), which %s may not do", i+1, who)
+		return deny(ReasonRefund, "caller policy: descriptor #%d refunds (is_negative_hits), which %s may not do", i+1, who(id))
 	}
 	if h := d.GetHitsAddend(); h != nil && e.MaxHits > 0 && h.GetValue() > e.MaxHits {
-		return deny(ReasonHits, "caller policy: descriptor #%d hits_addend %d is over %d, the most %s may send", i+1, h.GetValue(), e.MaxHits, who)
+		return deny(ReasonHits, "caller policy: descriptor #%d hits_addend %d is over %d, the most %s may send", i+1, h.GetValue(), e.MaxHits, who(id))
 	}
 	return nil
 }

@@ -415,8 +415,8 @@ func (p *Policy) Caller(ids []string) (*Entry, string) {
 }
 
 // Check decides whether a caller with these identities may make req: nil, or a *Denial saying
-// why not. The checks are, in order: the caller has an entry, the domain, then each descriptor's
-// override, refund and hits; the first refused is reported.
+// why not. The checks are, in order: the caller has an entry, the domain, the request's
+// hits_addend, then each descriptor's override, refund and hits; the first refused is reported.
 func (p *Policy) Check(ids []string, req *rlsv3.RateLimitRequest) error {
 	e, id := p.Caller(ids)
 	switch {

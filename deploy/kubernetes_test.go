@@ -14,6 +14,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
 	policyv1 "k8s.io/api/policy/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
@@ -31,6 +32,7 @@ func k8sObjects(t *testing.T) []metav1.Object {
 		"apps/v1/Deployment":                     func() metav1.Object { return &appsv1.Deployment{} },
 		"policy/v1/PodDisruptionBudget":          func() metav1.Object { return &policyv1.PodDisruptionBudget{} },
 		"autoscaling/v2/HorizontalPodAutoscaler": func() metav1.Object { return &autoscalingv2.HorizontalPodAutoscaler{} },
+		"networking.k8s.io/v1/NetworkPolicy":     func() metav1.Object { return &networkingv1.NetworkPolicy{} },
 	}
 	var objs []metav1.Object
 	for _, file := range yamlFiles(t)[kindK8s] {

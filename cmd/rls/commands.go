@@ -28,8 +28,9 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	fs.BoolVar(&opts.AllFiles, "config-all-files", false, "every file of the directory and of its subdirectories, as serve's --config-all-files")
 	fs.BoolVar(&opts.DotFiles, "config-dot-files", false, "also files whose names start with '.', as serve's --config-dot-files")
 	fs.BoolVar(&opts.MergeDomains, "merge-domains", false, "merge files that define the same domain, as serve's --merge-domains")
+	callers := fs.String("caller-policy", "", "also check this caller policy file, as serve's --caller-policy (alone: only it)")
 	usage := func() error {
-		fmt.Fprintln(stderr, "usage: rls validate PATH, or rls validate --config PATH (a rule file or a directory of *.yaml/*.yml files)")
+		fmt.Fprintln(stderr, "usage: rls validate PATH, or rls validate --config PATH (a rule file or a directory of *.yaml/*.yml files), or rls validate --caller-policy FILE")
 		return errUsage
 	}
 	fs.Usage = func() { usage(); fs.PrintDefaults() }
@@ -41,8 +42,15 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	case path != "" && fs.NArg() == 0:
 	case path == "" && fs.NArg() == 1:
 		path = fs.Arg(0)
+	case path == "" && fs.NArg() == 0 && *callers != "":
+		return validatePolicy(*callers, stdout)
 	default:
 		return usage()
+	}
+	if *callers != "" {
+		if err := validatePolicy(*callers, stdout); err != nil {
+			return err
+		}
 	}
 	rs, err := loadRules(path, opts)
 	if err != nil {

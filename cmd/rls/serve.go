@@ -65,6 +65,7 @@ type serveConfig struct {
 	usage           *usageConfig
 	rlqs            *rlqsConfig
 	bounds          *boundsConfig
+	policy          *policyConfig
 
 	configAllFiles    bool
 	configDotFiles    bool
@@ -136,6 +137,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	c.usage = usageFlags(fs)
 	c.rlqs = rlqsFlags(fs)
 	c.bounds = boundsFlags(fs)
+	c.policy = policyFlags(fs)
 	if err := parseFlags(fs, args, env); err != nil {
 		return c, err
 	}

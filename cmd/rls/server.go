@@ -127,12 +127,17 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	if err != nil {
 		return nil, err
 	}
+	callers, err := newCallerPolicy(c, reg, s.log)
+	if err != nil {
+		return nil, err
+	}
 	s.svc, err = service.New(s.rules, service.Options{
 		Backend: s.be, Logger: s.log, Headers: headers, FailureMode: s.failure, Local: s.local,
 		Metrics: metrics, Tracer: s.tracing.tracer, DetailedMetricValues: c.detailedValues,
 		LegacyHeaderNames: c.headerNames, ShadowMode: c.shadowMode, QuotaMode: c.quotaMode,
 		MaxInflightBytes: c.bounds.maxInflightBytes, MaxJSONBytes: int64(c.bounds.maxRequestBytes),
 		Overrides: overrides,
+		Authorize: callers.authorizer(),
 	})
 	if err != nil {
 		return nil, err
@@ -153,6 +158,9 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 		}
 	}
 	if err := startReload(rctx, c.reload, path, apply, s.log); err != nil {
+		return nil, err
+	}
+	if err := callers.watch(rctx, c.reload); err != nil {
 		return nil, err
 	}
 

@@ -16,8 +16,8 @@ import (
 )
 
 // JSONHandler serves POST /json: a RateLimitRequest in protojson in, the RateLimitResponse in
-// protojson out, with status 200 when OK, 429 when over the limit, 400 for a bad request and
-// 503 when the backend is unavailable.
+// protojson out, with status 200 when OK, 429 when over the limit, 400 for a bad request, 403 when
+// the caller policy refuses it and 503 when the backend is unavailable.
 func (s *Service) JSONHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
@@ -36,6 +36,8 @@ func (s *Service) JSONHandler() http.Handler {
 			switch status.Code(err) {
 			case codes.InvalidArgument:
 				code = http.StatusBadRequest
+			case codes.PermissionDenied:
+				code = http.StatusForbidden
 			case codes.Unavailable:
 				code = http.StatusServiceUnavailable
 			}

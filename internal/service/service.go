@@ -75,6 +75,9 @@ type Options struct {
 	// ShadowMode and QuotaMode put every rule in shadow mode or quota mode, as if each had
 	// shadow_mode: true or quota_mode: true.
 	ShadowMode, QuotaMode bool
+	// Authorize, when set, is asked about every valid request (gRPC and POST /json) before it is
+	// decided: an error, which should be a gRPC status (PermissionDenied), is the answer.
+	Authorize func(ctx context.Context, req *rlsv3.RateLimitRequest) error
 }
 
 // DefaultDetailedMetricValues is the default of Options.DetailedMetricValues.
@@ -103,6 +106,7 @@ type Service struct {
 	inflight     atomic.Int64 // requestWeight of the requests being decided
 	maxJSON      int64
 	overrides    OverridePolicy
+	authorize    func(context.Context, *rlsv3.RateLimitRequest) error
 
 	mu         sync.Mutex // serializes SetRules
 	generation atomic.Uint64
@@ -136,6 +140,7 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 		return nil, errors.New("service: MaxInflightBytes and MaxJSONBytes must be ≥ 0")
 	}
 	s.pool.New = func() any { return new(work) }
+	s.authorize = opts.Authorize
 	if rules != nil {
 		s.SetRules(rules)
 	}
@@ -214,6 +219,11 @@ type item struct {
 func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, err.Error())
+	}
+	if s.authorize != nil {
+		if err := s.authorize(ctx, req); err != nil {
+			return nil, err
+		}
 	}
 	if err := s.overrides.check(req); err != nil {
 		return nil, err

@@ -17,10 +17,12 @@ type grpcConnLimits struct {
 }
 
 // Defaults: Envoy opens a connection or two per worker thread to each rls replica, so a mesh of
-// hundreds of proxies stays well under the cap; an idle connection costs tens of kilobytes,
-// which the cap bounds. Envoy reconnects by itself after an idle GOAWAY, on its next call.
+// hundreds of proxies stays under the cap. An idle connection holds about 23 kB (measured: 1,000
+// idle connections after a call each took rls from 28.8 to 51.6 MB of RSS), so the cap bounds
+// what idle connections hold to about 47 MB. Envoy reconnects by itself after an idle GOAWAY,
+// on its next call.
 const (
-	defaultGRPCMaxConnections    = 4096
+	defaultGRPCMaxConnections    = 2048
 	defaultGRPCMaxConnectionIdle = 5 * time.Minute
 )
 

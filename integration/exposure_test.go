@@ -285,6 +285,12 @@ func TestGRPCConnectionCap(t *testing.T) {
 			t.Fatalf("connection %d of 2 while a third waits: %v", i+1, err)
 		}
 	}
+	if n := ovlMetric(t, p, "rls_grpc_connections"); n != 2 {
+		t.Errorf("rls_grpc_connections = %v at the cap, want 2", n)
+	}
+	if !strings.Contains(p.Output(), "gRPC connection cap reached") {
+		t.Errorf("no warning that the cap was reached:\n%s", p.Output())
+	}
 	a.Close()
 	if err := exposureAsk(c, 20*time.Second, grpc.WaitForReady(true)); err != nil {
 		t.Fatalf("the third connection once one closed: %v", err)

@@ -198,7 +198,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	if s.grpcL, err = lc.Listen(ctx, "tcp", c.grpcAddr); err != nil {
 		return nil, fmt.Errorf("--grpc-addr: %w", err)
 	}
-	s.grpcL = c.grpcConns.limit(s.grpcL)
+	s.grpcL = c.grpcConns.limit(s.grpcL, reg, s.warn)
 	if s.httpL, err = lc.Listen(ctx, "tcp", c.httpAddr); err != nil {
 		return nil, fmt.Errorf("--http-addr: %w", err)
 	}

@@ -152,7 +152,9 @@ func TestNoThrottle(t *testing.T) {
 	}
 }
 
-// TestCausesBounded: causes past MaxCauses share one, so the map cannot grow without bound.
+// TestCausesBounded: causes past MaxCauses share one, so the map cannot grow without bound: the
+// first MaxCauses causes log a line each, the 500 past them one line and, at Close, one with the
+// other 499 suppressed.
 func TestCausesBounded(t *testing.T) {
 	var buf lockedBuffer
 	th := New(newLogger(&buf), time.Hour)

@@ -6,11 +6,14 @@ import (
 	"io"
 	"net/http"
 	"net/http/pprof"
+	"os"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/rls-project/rls/internal/ratelimitenv"
 	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
 )
@@ -104,7 +107,7 @@ func debugMux(svc *service.Service, quotas *rlqs.Server, pprofOn bool) *http.Ser
 	mux.Handle("/debug/explain", svc.ExplainHandler())
 	if pprofOn {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/cmdline", cmdline)
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
@@ -120,3 +123,40 @@ func (l httpLimits) debugServer(h http.Handler) *http.Server {
 	s.WriteTimeout = 0
 	return s
 }
+
+// cmdline serves /debug/pprof/cmdline as net/http/pprof does (the arguments, NUL-separated), but
+// with the values of flags that may hold secrets hidden as rls's logs hide them: the password
+// of --redis-url, the values of --xds-header.
+func cmdline(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	io.WriteString(w, strings.Join(redactArgs(os.Args), "\x00"))
+}
+
+// redactArgs returns args with the values of secret-bearing flags hidden, in either form
+// (--flag value, --flag=value, with one dash or two).
+func redactArgs(args []string) []string {
+	out := make([]string, len(args))
+	hideNext := ""
+	for i, a := range args {
+		if hideNext != "" {
+			out[i] = ratelimitenv.Setting{Flag: hideNext, Value: a}.Display()
+			hideNext = ""
+			continue
+		}
+		out[i] = a
+		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
+		if !strings.HasPrefix(a, "-") || !secretFlags[name] {
+			continue
+		}
+		if hasValue {
+			out[i] = a[:len(a)-len(value)] + ratelimitenv.Setting{Flag: name, Value: value}.Display()
+		} else {
+			hideNext = name
+		}
+	}
+	return out
+}
+
+// secretFlags are the flags whose values may hold a secret.
+var secretFlags = map[string]bool{"redis-url": true, "xds-header": true}

@@ -43,6 +43,7 @@ type serveConfig struct {
 	detailedValues  int
 	logLevel        string
 	logFormat       string
+	logRepeat       time.Duration
 	responseHeaders string
 	reflection      bool
 	keepaliveMin    time.Duration
@@ -50,6 +51,7 @@ type serveConfig struct {
 	streamWorkers   uint
 	maxConnAge      time.Duration
 	maxConnAgeGrace time.Duration
+	grpcConns       grpcConnLimits
 	tlsCert         string
 	tlsKey          string
 	tlsClientCA     string
@@ -105,6 +107,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.IntVar(&c.detailedValues, "detailed-metric-values", 100, "distinct request values per detailed_metric rule kept as metric labels; the rest count under <rule>/_overflow_")
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&c.logFormat, "log-format", "text", "text or json")
+	fs.DurationVar(&c.logRepeat, "log-repeat-interval", service.DefaultWarningInterval, "a warning any client can cause (a refused key reset, the gRPC connection cap reached) is logged once per this interval and cause, then once with how many were suppressed (0: every time)")
 	fs.StringVar(&c.responseHeaders, "response-headers", "none", "rate-limit headers rls adds: none (Envoy adds its own), draft (RateLimit, RateLimit-Policy) or legacy (RateLimit-Limit/-Remaining/-Reset)")
 	fs.BoolVar(&c.reflection, "grpc-reflection", true, "serve gRPC reflection (for grpcurl)")
 	fs.UintVar(&c.maxStreams, "grpc-max-concurrent-streams", 1024, "concurrent calls one gRPC connection may carry; a client needing more opens another connection, as Envoy does (each open call holds memory, so this bounds what one connection can take)")
@@ -131,6 +134,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (serveConfig, error) 
 	fs.StringVar(&c.headerNames.Remaining, "response-header-remaining", "RateLimit-Remaining", "--response-headers legacy: name of the remaining header")
 	fs.StringVar(&c.headerNames.Reset, "response-header-reset", "RateLimit-Reset", "--response-headers legacy: name of the reset header")
 	fs.BoolVar(&c.ratelimitEnv, "ratelimit-env", true, "read envoyproxy/ratelimit's environment variables (REDIS_URL, RUNTIME_ROOT, CONFIG_TYPE...) when they are set; flags and RLS_* variables win over them")
+	grpcConnFlags(fs, &c.grpcConns)
 	c.redis = redisFlags(fs)
 	c.reload = reloadFlags(fs)
 	c.xds = xdsFlags(fs)
@@ -273,7 +277,11 @@ func newBackend(ctx context.Context, c serveConfig, log *slog.Logger) (backend.B
 	case "memory":
 		return backend.NewMemory(c.memoryOptions())
 	case "redis":
-		return newRedisBackend(ctx, c.redis, log)
+		b, err := newRedisBackend(ctx, c.redis, log)
+		if err != nil {
+			return nil, fmt.Errorf("%w%s", err, c.fromRatelimitEnv("redis-url"))
+		}
+		return b, nil
 	}
 	return nil, fmt.Errorf("--backend %q: want memory or redis", c.backend)
 }
@@ -373,10 +381,12 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 		// (runtime.newstack, about a tenth of rls's CPU under load); a worker grows it once.
 		opts = append(opts, grpc.NumStreamWorkers(uint32(c.streamWorkers))) // at most maxStreamWorkers
 	}
-	if c.maxConnAge > 0 {
-		opts = append(opts, grpc.KeepaliveParams(keepalive.ServerParameters{
-			MaxConnectionAge: c.maxConnAge, MaxConnectionAgeGrace: c.maxConnAgeGrace,
-		}))
+	if c.maxConnAge > 0 || c.grpcConns.maxIdle > 0 {
+		kp := keepalive.ServerParameters{MaxConnectionIdle: c.grpcConns.maxIdle}
+		if c.maxConnAge > 0 {
+			kp.MaxConnectionAge, kp.MaxConnectionAgeGrace = c.maxConnAge, c.maxConnAgeGrace
+		}
+		opts = append(opts, grpc.KeepaliveParams(kp))
 	}
 	creds, err := grpcCredentials(c)
 	if err != nil {

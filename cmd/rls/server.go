@@ -23,6 +23,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/logthrottle"
 	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
 	"github.com/rls-project/rls/internal/xds"
@@ -52,6 +53,7 @@ type server struct {
 	local   backend.Backend
 	svc     *service.Service
 	rlqs    *rlqs.Server // nil with --rlqs=false
+	warn    *logthrottle.Throttle
 
 	grpc     *grpc.Server
 	ready    *readiness
@@ -80,6 +82,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 		return nil, err
 	}
 	c.logRatelimitEnv(s.log)
+	s.warn = logthrottle.New(s.log, c.logRepeat)
 	headers, err := service.ParseHeaderMode(c.responseHeaders)
 	if err != nil {
 		return nil, fmt.Errorf("--response-headers: %w", err)
@@ -97,6 +100,9 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 		return nil, fmt.Errorf("--near-limit-ratio %v: want a value in [0, 1]", c.nearLimitRatio)
 	}
 	if err := c.http.validate(); err != nil {
+		return nil, err
+	}
+	if err := c.grpcConns.validate(); err != nil {
 		return nil, err
 	}
 	if c.debug && c.debugAddr == "" {
@@ -188,7 +194,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	s.ready.needRules(s.rules == nil || (c.readyWithRules && c.fromXDS() && c.startWithoutRules))
 	s.stopHealth = sync.OnceFunc(s.ready.follow(s.be))
 
-	s.http = c.http.server(c.usage.mount(mainMux(s.svc, s.ready, reg), s.svc, s.log))
+	s.http = c.http.server(c.usage.mount(mainMux(s.svc, s.ready, reg), s.svc, s.log, s.warn))
 	if c.debugAddr != "" {
 		s.debug = c.http.debugServer(debugMux(s.svc, s.rlqs, c.debug))
 	}
@@ -205,6 +211,7 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	if s.grpcL, err = lc.Listen(ctx, "tcp", c.grpcAddr); err != nil {
 		return nil, fmt.Errorf("--grpc-addr: %w", err)
 	}
+	s.grpcL = c.grpcConns.limit(s.grpcL, reg, s.warn)
 	if s.httpL, err = lc.Listen(ctx, "tcp", c.httpAddr); err != nil {
 		return nil, fmt.Errorf("--http-addr: %w", err)
 	}
@@ -379,4 +386,7 @@ func (s *server) close() {
 		s.rlqs.Close()
 	}
 	s.tracing.shutdown()
+	if s.warn != nil {
+		s.warn.Close() // what was suppressed since the last line
+	}
 }

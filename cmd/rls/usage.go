@@ -14,6 +14,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rls-project/rls/internal/logthrottle"
 	"github.com/rls-project/rls/internal/service"
 )
 
@@ -48,12 +49,12 @@ func (uc *usageConfig) load() error {
 }
 
 // mount adds /v1/keys to mux and returns it.
-func (uc *usageConfig) mount(mux *http.ServeMux, svc *service.Service, log *slog.Logger) *http.ServeMux {
+func (uc *usageConfig) mount(mux *http.ServeMux, svc *service.Service, log *slog.Logger, warn *logthrottle.Throttle) *http.ServeMux {
 	var token []byte
 	if uc != nil {
 		token = uc.token
 	}
-	mux.Handle("/v1/keys", svc.KeysHandler(service.KeysOptions{AdminToken: token, Logger: log}))
+	mux.Handle("/v1/keys", svc.KeysHandler(service.KeysOptions{AdminToken: token, Logger: log, Warnings: warn}))
 	return mux
 }
 

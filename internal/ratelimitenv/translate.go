@@ -10,6 +10,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	redisbackend "github.com/rls-project/rls/internal/backend/redis"
 )
 
 // Result is what envoyproxy/ratelimit's environment means to rls. The zero value is an
@@ -75,6 +77,10 @@ const LocalCacheBytesPerKey = 128
 var extraVars = []string{
 	"GRPC_SERVER_TLS_CA_CERT", // set by Envoy Gateway; envoyproxy/ratelimit reads GRPC_CLIENT_TLS_CACERT
 }
+
+// debugHost is the debug listener's host when DEBUG_PORT is set without DEBUG_HOST: rls's
+// loopback, not envoyproxy/ratelimit's 0.0.0.0.
+const debugHost = "127.0.0.1"
 
 // mogrifierPrefix starts the variables of a dogstatsd mogrifier (DOG_STATSD_MOGRIFIER_<name>_PATTERN).
 const mogrifierPrefix = "DOG_STATSD_MOGRIFIER_"
@@ -263,18 +269,27 @@ func (r *reader) str(name, def string) string {
 	return def
 }
 
-// listeners translates the listen addresses, always: rls's defaults differ from
-// envoyproxy/ratelimit's (its debug listener is on loopback).
+// listeners translates the listen addresses. The gRPC and HTTP ones always, since rls's
+// defaults differ from envoyproxy/ratelimit's. The debug listener shows every rule and any
+// key's state, so it stays on loopback unless DEBUG_HOST names another host:
+// envoyproxy/ratelimit's default, 0.0.0.0, is not followed.
 func (r *reader) listeners() {
-	for _, l := range []struct{ flag, host, port, defPort string }{
-		{"grpc-addr", "GRPC_HOST", "GRPC_PORT", "8081"},
-		{"http-addr", "HOST", "PORT", "8080"},
-		{"debug-addr", "DEBUG_HOST", "DEBUG_PORT", "6070"},
+	for _, l := range []struct{ flag, host, port, defHost, defPort string }{
+		{"grpc-addr", "GRPC_HOST", "GRPC_PORT", "0.0.0.0", "8081"},
+		{"http-addr", "HOST", "PORT", "0.0.0.0", "8080"},
+		{"debug-addr", "DEBUG_HOST", "DEBUG_PORT", debugHost, "6070"},
 	} {
-		host := strings.TrimSuffix(strings.TrimPrefix(r.str(l.host, "0.0.0.0"), "["), "]")
+		if l.flag == "debug-addr" && !r.has(l.host) && !r.has(l.port) {
+			continue // rls's own default, 127.0.0.1:6070
+		}
+		host := strings.TrimSuffix(strings.TrimPrefix(r.str(l.host, l.defHost), "["), "]")
 		def, _ := strconv.ParseInt(l.defPort, 10, 64)
 		port := r.integer(l.port, def, 0, 65535)
 		r.set(l.flag, net.JoinHostPort(host, strconv.FormatInt(port, 10)), l.host, l.port)
+	}
+	if r.has("DEBUG_PORT") && !r.has("DEBUG_HOST") {
+		r.note("DEBUG_PORT", "DEBUG_HOST is not set: the debug listener (every rule, any key's state) stays on %s, "+
+			"where envoyproxy/ratelimit's default is 0.0.0.0; set DEBUG_HOST to serve it elsewhere", debugHost)
 	}
 	r.notice("GRPC_UDS", "rls serves gRPC on TCP only, at --grpc-addr from GRPC_HOST and GRPC_PORT (default 0.0.0.0:8081): point clients there instead of the unix socket")
 }
@@ -828,35 +843,5 @@ func (s Setting) Display() string {
 	return s.Value
 }
 
-// redactURL hides the password of a URL (or host:port list with user info) and a
-// sentinel_password parameter.
-func redactURL(s string) string {
-	rest, query, hasQuery := strings.Cut(s, "?")
-	if at := strings.LastIndexByte(rest, '@'); at >= 0 {
-		start := strings.Index(rest, "://")
-		if start < 0 || start > at {
-			start = 0
-		} else {
-			start += 3
-		}
-		user, _, hasPass := strings.Cut(rest[start:at], ":")
-		if hasPass {
-			rest = rest[:start] + user + ":xxx" + rest[at:]
-		} else {
-			rest = rest[:start] + "xxx" + rest[at:]
-		}
-	}
-	if !hasQuery {
-		return rest
-	}
-	q, err := url.ParseQuery(query)
-	if err != nil {
-		return rest + "?xxx"
-	}
-	for _, k := range []string{"sentinel_password", "password"} {
-		if q.Has(k) {
-			q.Set(k, "xxx")
-		}
-	}
-	return rest + "?" + q.Encode()
-}
+// redactURL hides the passwords of a Redis URL, or of a host list with user info.
+func redactURL(s string) string { return redisbackend.RedactURL(s) }

@@ -203,7 +203,6 @@ func TestEnvoyGateway(t *testing.T) {
 	want := []Setting{
 		{"grpc-addr", "0.0.0.0:8081", "default of GRPC_HOST, GRPC_PORT"},
 		{"http-addr", "0.0.0.0:8080", "default of HOST, PORT"},
-		{"debug-addr", "0.0.0.0:6070", "default of DEBUG_HOST, DEBUG_PORT"},
 		{"log-level", "info", "LOG_LEVEL"},
 		{"xds-server", "envoy-gateway:18001", "CONFIG_TYPE, CONFIG_GRPC_XDS_SERVER_URL"},
 		{"xds-node-id", "envoy-ratelimit", "CONFIG_GRPC_XDS_NODE_ID"},
@@ -269,7 +268,7 @@ func TestSettings(t *testing.T) {
 		{"file defaults", []string{"USE_STATSD=false"}, map[string]string{
 			"config": "/srv/runtime_data/current/config", "config-all-files": "true", "config-dot-files": "true",
 			"backend": "redis", "redis-url": "unix:///var/run/nutcracker/ratelimit.sock", "log-level": "",
-			"debug-addr": "0.0.0.0:6070", "http-addr": "0.0.0.0:8080", "grpc-addr": "0.0.0.0:8081",
+			"debug-addr": "", "http-addr": "0.0.0.0:8080", "grpc-addr": "0.0.0.0:8081",
 			"xds-server": "", "metrics-addr": "", "log-format": "", "redis-local-cache-size": "",
 		}},
 		{"runtime dirs", []string{"RUNTIME_ROOT=/data/", "RUNTIME_SUBDIRECTORY=ratelimit", "RUNTIME_APPDIRECTORY=rules", "RUNTIME_IGNOREDOTFILES=TRUE", "RUNTIME_WATCH_ROOT=true"},
@@ -277,6 +276,8 @@ func TestSettings(t *testing.T) {
 		{"config type lower case", []string{"CONFIG_TYPE=file"}, map[string]string{"config": "/srv/runtime_data/current/config"}},
 		{"ipv6 hosts", []string{"BACKEND_TYPE=redis", "HOST=::", "PORT=9000", "GRPC_HOST=[::1]", "DEBUG_HOST=127.0.0.1", "DEBUG_PORT=0x10"},
 			map[string]string{"http-addr": "[::]:9000", "grpc-addr": "[::1]:8081", "debug-addr": "127.0.0.1:16"}},
+		{"debug port alone stays on loopback", []string{"USE_STATSD=1", "DEBUG_PORT=7000"}, map[string]string{"debug-addr": "127.0.0.1:7000"}},
+		{"debug host asked for", []string{"USE_STATSD=1", "DEBUG_HOST=0.0.0.0"}, map[string]string{"debug-addr": "0.0.0.0:6070"}},
 		{"log levels", []string{"USE_STATSD=1", "LOG_LEVEL=Trace", "LOG_FORMAT=JSON"}, map[string]string{"log-level": "debug", "log-format": "json"}},
 		{"log fatal", []string{"USE_STATSD=1", "LOG_LEVEL=fatal", "LOG_FORMAT=logfmt"}, map[string]string{"log-level": "error", "log-format": "text"}},
 		{"tcp with auth", []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=redis:6379", "REDIS_AUTH=p@ss:w/rd"},

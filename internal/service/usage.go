@@ -16,6 +16,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/logthrottle"
 )
 
 // KeysOptions configures KeysHandler.
@@ -26,7 +27,14 @@ type KeysOptions struct {
 	// Logger records every reset, with who asked (the remote address) and what was reset
 	// (default: the service's logger).
 	Logger *slog.Logger
+	// Warnings throttles the warning of a refused reset, which any client can cause at will
+	// (default: one line a minute, with how many were suppressed, on Logger).
+	Warnings *logthrottle.Throttle
 }
+
+// DefaultWarningInterval is how often a warning that a client can cause is logged, per cause,
+// when the caller gives no throttle.
+const DefaultWarningInterval = time.Minute
 
 // KeyLimit is the state of one limit of a descriptor, as /v1/keys reports it.
 type KeyLimit struct {
@@ -76,6 +84,10 @@ func (s *Service) KeysHandler(opts KeysOptions) http.Handler {
 	if log == nil {
 		log = s.log
 	}
+	warn := opts.Warnings
+	if warn == nil {
+		warn = logthrottle.New(log, DefaultWarningInterval)
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		reset := false
 		switch r.Method {
@@ -86,7 +98,7 @@ func (s *Service) KeysHandler(opts KeysOptions) http.Handler {
 				return
 			}
 			if !authorized(r, opts.AdminToken) {
-				log.Warn("key reset refused: wrong or missing admin token", "remote", r.RemoteAddr)
+				warn.Warn("key reset refused", "key reset refused: wrong or missing admin token", "remote", r.RemoteAddr)
 				http.Error(w, "forbidden", http.StatusForbidden)
 				return
 			}

@@ -1207,3 +1207,82 @@ func TestLocalCacheDroppedWhenCharged(t *testing.T) {
 		t.Fatalf("%d answers from the cache, want 0 (the denial was dropped when the key was charged)", h)
 	}
 }
+
+// TestParseURLRefusesAddresses: an address that can never be dialed is refused at parse time,
+// naming it and why, where it used to be accepted and the breaker then stayed open for ever.
+func TestParseURLRefusesAddresses(t *testing.T) {
+	for _, tc := range []struct{ url, err string }{
+		{"redis://127.0.0.1:99999", `port "99999": want a number from 1 to 65535`},
+		{"redis://127.0.0.1:0", `port "0"`},
+		{"redis://127.0.0.1:abc", `invalid port ":abc"`},
+		{"redis://:6379", "no host"},
+		{"redis://", "no host"},
+		{"rediss://u:hunter2@:6380", "no host"},
+		{"redis-cluster://a:7000,b:99999", `address "b:99999": port "99999"`},
+		{"redis-cluster://a:7000,:7001", `address ":7001": no host`},
+		{"redis-cluster://a:x", `address "a:x": port "x"`},
+		{"redis-sentinel://s1:26379,s2:65536/m", `address "s2:65536"`},
+		{"redis-sentinel://::1/m", `address "::1": want host:port`},
+	} {
+		t.Run(tc.url, func(t *testing.T) {
+			_, err := ParseURL(tc.url)
+			if err == nil || !strings.Contains(err.Error(), tc.err) || !strings.Contains(err.Error(), "redis url") {
+				t.Fatalf("ParseURL(%q): %v, want an error containing %q", tc.url, err, tc.err)
+			}
+			if strings.Contains(err.Error(), "hunter2") {
+				t.Fatalf("error shows the password: %v", err)
+			}
+		})
+	}
+	for _, ok := range []string{"redis://[::1]:6379", "redis://h", "redis-cluster://[::1]:7000,h:65535", "unix:///run/redis.sock", "redis-sentinel://s1/m"} {
+		if _, err := ParseURL(ok); err != nil {
+			t.Errorf("ParseURL(%q): %v", ok, err)
+		}
+	}
+}
+
+// TestParseURLHidesPasswords: no error of any URL form, valid or not, shows a password or any
+// part of one, nor RedactURL's display of it.
+func TestParseURLHidesPasswords(t *testing.T) {
+	const pw = "Hunter2pw" // found whole; each case also checks its own fragments
+	for _, tc := range []struct {
+		url    string
+		secret []string // what must not appear, besides pw
+	}{
+		{"redis://u:" + pw + "@h:99999", nil},
+		{"redis://u:" + pw + "@h:abc", nil},
+		{"rediss://:" + pw + "@h:1/x", nil},
+		{"redis://" + pw + "@h:1?bad_option=1", nil},
+		{"redis://u:" + pw + "%zz@h:1", []string{"%zz"}},
+		{"redis://u:pa#" + pw + "@h:1", []string{"pa#"}},
+		{"redis://u:pa?" + pw + "@h:1", []string{"pa?"}},
+		{"redis://u:p a" + pw + "@h:1", []string{"p a"}},
+		{"unix://u:" + pw + "@/run/r.sock?db=x", nil},
+		{"unix://u:" + pw + "@", nil},
+		{"redis-sentinel://u:" + pw + "@s1:26379/m?sentinel_password=" + pw + "&x=1", nil},
+		{"redis-sentinel://s1:26379/m?sentinel_password=" + pw + "%zz", []string{"%zz"}},
+		{"redis-sentinel://s1:26379?sentinel_password=" + pw, nil},
+		{"redis-sentinel://s1:99999/m?sentinel_password=a@" + pw, nil},
+		{"redis-sentinel://u:" + pw + "%zz@s1:26379/m", []string{"%zz"}},
+		{"redis-cluster://u:" + pw + "@a:7000/1", nil},
+		{"redis-cluster://u:p%" + pw + "@a:7000", []string{"p%"}},
+		{"rediss-cluster://:" + pw + "@a:x", nil},
+		{"u:" + pw + "@h:6379", nil},
+		{"memcached://u:" + pw + "@h", nil},
+	} {
+		t.Run(tc.url, func(t *testing.T) {
+			_, err := ParseURL(tc.url)
+			if err == nil {
+				t.Fatalf("ParseURL(%q) accepted it", tc.url)
+			}
+			for _, s := range append([]string{pw, strings.ToLower(pw)}, tc.secret...) {
+				if strings.Contains(err.Error(), s) {
+					t.Errorf("error shows %q: %v", s, err)
+				}
+				if shown := RedactURL(tc.url); strings.Contains(shown, s) {
+					t.Errorf("RedactURL shows %q: %s", s, shown)
+				}
+			}
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -82,7 +83,7 @@ func TestHostileRequestsBounded(t *testing.T) {
 	idle, _ := p.Memory(t)
 	p.ResetPeakMemory(t)
 
-	const maxRequest = 256 << 10 // --max-request-bytes's default
+	const maxRequest = 64 << 10 // --max-request-bytes's default
 	huge := emptyDescriptors(4 << 20)
 	under := emptyDescriptors(maxRequest - 16)
 	jsonBody := []byte(`{"domain":"hard","descriptors":[` + strings.Repeat(`{},`, (maxRequest-64)/3) + `{}]}`)
@@ -100,7 +101,7 @@ func TestHostileRequestsBounded(t *testing.T) {
 			}
 			return nil
 		}},
-		{"256 KiB of empty descriptors", func() error {
+		{"64 KiB of empty descriptors", func() error {
 			var out []byte
 			err := conn.Invoke(ctxT(t), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &under, &out, grpc.ForceCodecV2(svcRawCodec{}))
 			if want := fmt.Sprintf("%d descriptors: at most 64", underN); status.Code(err) != codes.InvalidArgument || status.Convert(err).Message() != want {
@@ -108,7 +109,7 @@ func TestHostileRequestsBounded(t *testing.T) {
 			}
 			return nil
 		}},
-		{"256 KiB /json of empty descriptors", func() error {
+		{"64 KiB /json of empty descriptors", func() error {
 			if code, body := postJSON(jsonBody); code != 400 || !strings.Contains(body, "descriptors: at most 64") {
 				return fmt.Errorf("got %d %q, want 400: descriptors: at most 64", code, body)
 			}
@@ -153,6 +154,61 @@ func TestHostileRequestsBounded(t *testing.T) {
 // The reported case: on a monthly fixed window, after 3 OK and 1 OVER_LIMIT, one check
 // (hits_addend 0) with an override of 1000/SECOND on the same entries wiped the month's window
 // in Redis, and the next 3 were OK again. An override now has state of its own.
+// Calls open at once over all connections are bounded (--grpc-max-calls): gRPC reads a call's
+// message before any handler runs, so calls that never finish sending would otherwise hold up
+// to --max-request-bytes each, on every stream of every connection. Past the bound a call is
+// refused as it opens; once calls end their places are free again.
+func TestGRPCMaxCalls(t *testing.T) {
+	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"hard.yaml": svcRules}), "--grpc-max-calls", "3")
+	c := p.client(t)
+	ask := func() error {
+		_, err := c.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "hard", Descriptors: []*ratelimitv3.RateLimitDescriptor{svcDesc("ip", "1")}})
+		return err
+	}
+	if err := ask(); err != nil {
+		t.Fatal(err)
+	}
+	// Three calls that send their headers and never their message, one per connection.
+	var held []*h2Conn
+	for range 3 {
+		h := dialH2(t, p.GRPCAddr)
+		h.openCall()
+		held = append(held, h)
+	}
+	// The third opening races with the next call: wait until the server counts all three.
+	deadline := time.Now().Add(10 * time.Second)
+	for metricValues(t, p.HTTPAddr)["rls_grpc_calls_open"] != "3" {
+		if time.Now().After(deadline) {
+			t.Fatalf("rls_grpc_calls_open %q, want 3", metricValues(t, p.HTTPAddr)["rls_grpc_calls_open"])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for range 2 {
+		if err := ask(); status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "too many calls open") {
+			t.Fatalf("a fourth call: %v, want UNAVAILABLE: too many calls open", err)
+		}
+	}
+	if got := metricValues(t, p.HTTPAddr)["rls_grpc_calls_refused_total"]; got != "2" {
+		t.Fatalf("rls_grpc_calls_refused_total %q, want 2", got)
+	}
+	// A held call that finishes frees its place, and so does one whose connection closes.
+	if code := held[0].finishCall(&rlsv3.RateLimitRequest{Domain: "hard", Descriptors: []*ratelimitv3.RateLimitDescriptor{svcDesc("ip", "2")}}); code != "0" {
+		t.Fatalf("the held call finished with grpc-status %s", code)
+	}
+	held[1].conn.Close()
+	for metricValues(t, p.HTTPAddr)["rls_grpc_calls_open"] != "1" {
+		if time.Now().After(deadline) {
+			t.Fatalf("rls_grpc_calls_open %q, want 1", metricValues(t, p.HTTPAddr)["rls_grpc_calls_open"])
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for range 5 {
+		if err := ask(); err != nil {
+			t.Fatalf("with places free: %v", err)
+		}
+	}
+}
+
 func TestOverrideCannotResetMonthlyWindow(t *testing.T) {
 	r := redistest.Start(t)
 	rules := writeRules(t, map[string]string{"m.yaml": `

@@ -15,6 +15,7 @@ type boundsConfig struct {
 	maxInflightBytes  int64
 	overrides         string
 	overrideMaxPeriod time.Duration
+	maxCalls          int64
 }
 
 func boundsFlags(fs *flag.FlagSet) *boundsConfig {
@@ -27,6 +28,7 @@ func boundsFlags(fs *flag.FlagSet) *boundsConfig {
 		"what a descriptor's limit override does: allow (decided by its own limit, in state of its own), ignore (decided by the rules as if it carried none) or refuse (the request is answered PERMISSION_DENIED)")
 	fs.DurationVar(&b.overrideMaxPeriod, "override-max-period", time.Duration(descriptors.Year.Seconds())*time.Second,
 		"longest period (unit × multiplier) an override may ask for; longer ones are answered INVALID_ARGUMENT (0: any)")
+	callLimitFlags(fs, &b.maxCalls)
 	return b
 }
 

@@ -173,7 +173,11 @@ func newServer(ctx context.Context, c serveConfig, stderr io.Writer) (_ *server,
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 		grpcprom.WithHistogramBuckets([]float64{.0001, .00025, .0005, .001, .0025, .005, .01, .02, .05, .1, .5})))
 	reg.MustRegister(grpcMetrics)
-	s.grpc, err = newGRPCServer(c, s.log, []grpc.UnaryServerInterceptor{grpcMetrics.UnaryServerInterceptor()}, s.tracing.serverOptions()...)
+	calls, err := newCallLimit(c.bounds.maxCalls, reg)
+	if err != nil {
+		return nil, err
+	}
+	s.grpc, err = newGRPCServer(c, s.log, []grpc.UnaryServerInterceptor{grpcMetrics.UnaryServerInterceptor()}, append(s.tracing.serverOptions(), calls...)...)
 	if err != nil {
 		return nil, err
 	}

@@ -555,9 +555,9 @@ func overrideLimit(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) descrip
 }
 
 // DefaultMaxRequestBytes is the default bound on a request's encoding, a gRPC message or a
-// POST /json body: 64 descriptors each with a value of MaxValueBytes fit, where Envoy's requests
+// POST /json body: 64 descriptors each with a value of 1 KiB fit, where Envoy's requests
 // take a few hundred bytes.
-const DefaultMaxRequestBytes = 256 << 10
+const DefaultMaxRequestBytes = 64 << 10
 
 // DefaultMaxInflightBytes is the default of Options.MaxInflightBytes as the command sets it.
 const DefaultMaxInflightBytes = 64 << 20

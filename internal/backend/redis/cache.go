@@ -21,6 +21,11 @@ type denial struct {
 	remaining int64
 }
 
+// maxCachedKeyBytes is the longest key the local cache keeps, so that it holds at most its size
+// times about 0.8 KB: Envoy's keys take tens of bytes, a client's can take --max-request-bytes.
+// A longer key is decided by Redis every time, as with no cache.
+const maxCachedKeyBytes = 512
+
 // denials is the local over-limit cache, keyed by the key as the service names it. It is safe
 // for concurrent use.
 type denials struct{ c *lru.Cache[string, denial] }
@@ -64,6 +69,9 @@ func (d *denials) learn(r *backend.Request, dec backend.Decision, sent time.Time
 		d.c.Remove(r.Key)
 	case r.Cost > r.Limit.Burst:
 		// Never admitted, but its RetryAfter is no instant of admission to cache until.
+	case len(r.Key) > maxCachedKeyBytes:
+		// Not kept: the cache's bound is a count of keys, so its memory is bounded only if
+		// each key is.
 	case dec.RetryAfter > 0:
 		d.c.Add(r.Key, denial{limit: r.Limit, cost: r.Cost, until: sent.Add(dec.RetryAfter),
 			reset: sent.Add(dec.ResetAfter), remaining: dec.Remaining})

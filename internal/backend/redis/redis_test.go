@@ -1286,3 +1286,33 @@ func TestParseURLHidesPasswords(t *testing.T) {
 		})
 	}
 }
+
+// A key longer than maxCachedKeyBytes is never cached, so that the cache's count bound also
+// bounds its memory: a client's keys can be as long as its request.
+func TestLocalCacheSkipsLongKeys(t *testing.T) {
+	b := newTestBackend(t, singleEnv, Options{LocalCacheSize: 10})
+	counter := &commandCounter{calls: make(chan string, 1000)}
+	b.rdb.AddHook(counter)
+	l := backend.Limit{Rate: 1, Period: time.Hour, Burst: 1}
+	for _, tc := range []struct {
+		key   string
+		calls int
+	}{{strings.Repeat("k", maxCachedKeyBytes), 0}, {strings.Repeat("k", maxCachedKeyBytes+1), 5}} {
+		r := backend.Request{Key: tc.key, Limit: l, Cost: 1}
+		out := make([]backend.Decision, 1)
+		for range 2 {
+			if _, err := b.Decide(context.Background(), []backend.Request{r}, out); err != nil {
+				t.Fatal(err)
+			}
+		}
+		counter.count()
+		for range 5 {
+			if _, err := b.Decide(context.Background(), []backend.Request{r}, out); err != nil || out[0].Allowed {
+				t.Fatalf("%d-byte key: %+v %v, want denied", len(tc.key), out[0], err)
+			}
+		}
+		if n := counter.count(); n != tc.calls {
+			t.Fatalf("5 denied requests on a %d-byte key sent %d Redis commands, want %d", len(tc.key), n, tc.calls)
+		}
+	}
+}

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"sync/atomic"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
+)
+
+// defaultGRPCMaxCalls is the default of --grpc-max-calls: with --max-request-bytes's default
+// (64 KiB) the messages being received hold at most 128 MiB, where Envoy's requests of a few
+// hundred bytes take about 1 MB at this many calls.
+const defaultGRPCMaxCalls = 2048
+
+// callLimit bounds the ShouldRateLimit calls open at once in the whole process, over every
+// connection. gRPC reads a call's message whole before any handler or interceptor runs, up to
+// --max-request-bytes, so without it the memory of messages being received would be bounded
+// only by connections × streams per connection × message size. A call past the bound is
+// refused as it opens, before its message is read: UNAVAILABLE, which Envoy answers with its
+// failure_mode_deny, counted in rls_grpc_calls_refused_total.
+type callLimit struct {
+	max     int64
+	open    atomic.Int64
+	refused prometheus.Counter
+}
+
+func callLimitFlags(fs *flag.FlagSet, max *int64) {
+	fs.Int64Var(max, "grpc-max-calls", defaultGRPCMaxCalls,
+		"ShouldRateLimit calls open at once over all gRPC connections (each may hold up to --max-request-bytes while its message arrives); one more is refused UNAVAILABLE as it opens and counted in rls_grpc_calls_refused_total (0: no bound)")
+}
+
+// newCallLimit returns the bound as a server option, its metrics registered on reg; no option
+// when max is 0.
+func newCallLimit(max int64, reg prometheus.Registerer) ([]grpc.ServerOption, error) {
+	if max < 0 {
+		return nil, fmt.Errorf("%w: --grpc-max-calls %d: want 0 (no bound) or more", errUsage, max)
+	}
+	if max == 0 {
+		return nil, nil
+	}
+	l := &callLimit{max: max, refused: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "rls_grpc_calls_refused_total",
+		Help: "ShouldRateLimit calls refused as they opened because --grpc-max-calls were open already.",
+	})}
+	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "rls_grpc_calls_open", Help: "ShouldRateLimit calls open (at most --grpc-max-calls).",
+	}, func() float64 { return float64(l.open.Load()) })
+	for _, c := range []prometheus.Collector{l.refused, open} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return []grpc.ServerOption{grpc.InTapHandle(l.tap)}, nil
+}
+
+// errTooManyCalls is the answer to a call past the bound.
+var errTooManyCalls = status.Error(codes.Unavailable, "rls overloaded: too many calls open (--grpc-max-calls)")
+
+// tap runs as a call opens, before its message is read. A call it lets in is counted open
+// until its context ends, which gRPC does whenever the call ends, however it ends (answered,
+// canceled, reset, or aborted before a handler ran).
+func (l *callLimit) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if info.FullMethodName != rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
+		return ctx, nil
+	}
+	if l.open.Add(1) > l.max {
+		l.open.Add(-1)
+		l.refused.Inc()
+		return nil, errTooManyCalls
+	}
+	context.AfterFunc(ctx, func() { l.open.Add(-1) })
+	return ctx, nil
+}

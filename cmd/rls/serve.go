@@ -369,6 +369,11 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 		grpc.MaxHeaderListSize(grpcMaxHeaderBytes),
 		// A larger message is refused from its length prefix, before it is read.
 		grpc.MaxRecvMsgSize(c.bounds.maxRequestBytes),
+		// Fixed flow-control windows, where gRPC's default grows them with the bandwidth it
+		// measures (up to 16 MiB): a client can then send no more than a window past what rls
+		// has read, so a refused message costs rls 64 KiB of reading, not all of it.
+		grpc.InitialWindowSize(grpcWindowBytes),
+		grpc.InitialConnWindowSize(grpcConnWindowBytes),
 		grpc.ChainUnaryInterceptor(interceptors...),
 		// Streams (RLQS) too: a panic ends the stream with INTERNAL, not the process.
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recovered)),
@@ -397,6 +402,13 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 	}
 	return grpc.NewServer(opts...), nil
 }
+
+// The flow-control windows: one call's (gRPC's least) and one connection's. Envoy's requests
+// take a few hundred bytes, so neither slows them.
+const (
+	grpcWindowBytes     = 64 << 10
+	grpcConnWindowBytes = 1 << 20
+)
 
 // grpcMaxHeaderBytes bounds the headers (metadata) of one gRPC call: Envoy's rate-limit calls
 // carry a few hundred bytes.

@@ -31,7 +31,7 @@ type rlqsConfig struct {
 // rlqsFlags registers the Rate Limit Quota Service's flags on fs.
 func rlqsFlags(fs *flag.FlagSet) *rlqsConfig {
 	rc := &rlqsConfig{}
-	fs.BoolVar(&rc.enabled, "rlqs", true, "serve Envoy's Rate Limit Quota Service (StreamRateLimitQuotas, for the rate_limit_quota filter) on --grpc-addr")
+	fs.BoolVar(&rc.enabled, "rlqs", false, "serve Envoy's Rate Limit Quota Service (StreamRateLimitQuotas, for the rate_limit_quota filter) on --grpc-addr; off unless asked for, as a ShouldRateLimit deployment needs none of it")
 	fs.DurationVar(&rc.ttl, "rlqs-assignment-ttl", rlqs.DefaultTTL,
 		"RLQS: time to live of every quota assignment: how long a proxy enforces its share without hearing from rls, and how long a vanished proxy's share stays held (a few of the filter's reporting intervals)")
 	fs.DurationVar(&rc.tick, "rlqs-tick", rlqs.DefaultTick,

@@ -20,20 +20,20 @@ func TestRLQSFlags(t *testing.T) {
 		want rlqsConfig
 		err  string // part of the error; "" for none
 	}{
-		{"defaults", nil, nil, rlqsConfig{enabled: true, ttl: rlqs.DefaultTTL, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets}, ""},
-		{"all set", []string{"--rlqs-assignment-ttl", "2s", "--rlqs-tick", "100ms", "--rlqs-max-buckets", "7"}, nil,
+		{"defaults: off", nil, nil, rlqsConfig{enabled: false, ttl: rlqs.DefaultTTL, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets}, ""},
+		{"all set", []string{"--rlqs", "--rlqs-assignment-ttl", "2s", "--rlqs-tick", "100ms", "--rlqs-max-buckets", "7"}, nil,
 			rlqsConfig{enabled: true, ttl: 2 * time.Second, tick: 100 * time.Millisecond, maxBuckets: 7}, ""},
-		{"from the environment", nil, []string{"RLS_RLQS_ASSIGNMENT_TTL=5s", "RLS_RLQS_TICK=1s"}, rlqsConfig{enabled: true, ttl: 5 * time.Second, tick: time.Second, maxBuckets: rlqs.DefaultMaxBuckets}, ""},
+		{"from the environment", nil, []string{"RLS_RLQS=true", "RLS_RLQS_ASSIGNMENT_TTL=5s", "RLS_RLQS_TICK=1s"}, rlqsConfig{enabled: true, ttl: 5 * time.Second, tick: time.Second, maxBuckets: rlqs.DefaultMaxBuckets}, ""},
 		{"off", []string{"--rlqs=false", "--rlqs-assignment-ttl", "1500ms"}, nil, rlqsConfig{enabled: false, ttl: 1500 * time.Millisecond, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets}, ""},
-		{"sub-second ttl", []string{"--rlqs-assignment-ttl", "300ms"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 300ms: want a whole number of seconds ≥ 1s"},
-		{"fractional ttl", []string{"--rlqs-assignment-ttl", "1.5s"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 1.5s: want a whole number of seconds ≥ 1s"},
-		{"sub-second ttl for tests", []string{"--rlqs-assignment-ttl", "300ms", "--rlqs-testing-subsecond-ttl"}, nil,
+		{"sub-second ttl", []string{"--rlqs", "--rlqs-assignment-ttl", "300ms"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 300ms: want a whole number of seconds ≥ 1s"},
+		{"fractional ttl", []string{"--rlqs", "--rlqs-assignment-ttl", "1.5s"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 1.5s: want a whole number of seconds ≥ 1s"},
+		{"sub-second ttl for tests", []string{"--rlqs", "--rlqs-assignment-ttl", "300ms", "--rlqs-testing-subsecond-ttl"}, nil,
 			rlqsConfig{enabled: true, ttl: 300 * time.Millisecond, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets, subsecondTTLs: true}, ""},
-		{"sub-millisecond ttl for tests", []string{"--rlqs-assignment-ttl", "500us", "--rlqs-testing-subsecond-ttl"}, nil, rlqsConfig{}, "want at least 1ms"},
-		{"zero ttl", []string{"--rlqs-assignment-ttl", "0s"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 0s: want a positive"},
-		{"negative ttl", []string{"--rlqs-assignment-ttl", "-1s", "--rlqs-testing-subsecond-ttl"}, nil, rlqsConfig{}, "want a positive"},
-		{"zero tick", []string{"--rlqs-tick", "0s"}, nil, rlqsConfig{}, "--rlqs-tick 0s: want a positive duration"},
-		{"negative max buckets", []string{"--rlqs-max-buckets", "-3"}, nil, rlqsConfig{}, "--rlqs-max-buckets -3: want at least 1"},
+		{"sub-millisecond ttl for tests", []string{"--rlqs", "--rlqs-assignment-ttl", "500us", "--rlqs-testing-subsecond-ttl"}, nil, rlqsConfig{}, "want at least 1ms"},
+		{"zero ttl", []string{"--rlqs", "--rlqs-assignment-ttl", "0s"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 0s: want a positive"},
+		{"negative ttl", []string{"--rlqs", "--rlqs-assignment-ttl", "-1s", "--rlqs-testing-subsecond-ttl"}, nil, rlqsConfig{}, "want a positive"},
+		{"zero tick", []string{"--rlqs", "--rlqs-tick", "0s"}, nil, rlqsConfig{}, "--rlqs-tick 0s: want a positive duration"},
+		{"negative max buckets", []string{"--rlqs", "--rlqs-max-buckets", "-3"}, nil, rlqsConfig{}, "--rlqs-max-buckets -3: want at least 1"},
 		{"not a duration", []string{"--rlqs-tick", "often"}, nil, rlqsConfig{}, "often"},
 	}
 	for _, tc := range tests {
@@ -58,7 +58,7 @@ func TestRLQSFlags(t *testing.T) {
 }
 
 func TestRLQSValidationErrorsAreUsage(t *testing.T) {
-	_, err := parseServeFlags([]string{"--rlqs-assignment-ttl", "250ms"}, nil, io.Discard)
+	_, err := parseServeFlags([]string{"--rlqs", "--rlqs-assignment-ttl", "250ms"}, nil, io.Discard)
 	if !errors.Is(err, errUsage) {
 		t.Fatalf("got %v, want a usage error", err)
 	}

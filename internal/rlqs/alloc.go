@@ -67,6 +67,9 @@ type Limit struct {
 	Rate     int64
 	PeriodMs int64
 	Burst    int64
+	// MaxProxies bounds the proxies a bucket counts (0: no bound): a proxy that would be one
+	// more is refused (Decision.Refused).
+	MaxProxies int
 }
 
 // Share is one proxy's part of a Limit. A zero Rate denies everything.
@@ -230,7 +233,10 @@ func (b *bucketState) note(proxy string, seen Seen, now int64) bool {
 	return true
 }
 
-// targets returns the max-min fair rate of every proxy whose demand counts at now.
+// targets returns the max-min fair rate of every proxy whose demand counts at now. Proxies of
+// one identity (ids "identity/stream", see group) are one proxy first: the identities divide
+// the capacity by their summed demands, then each identity's part is divided among its streams
+// by theirs, so that an identity holds one share however many streams it opens.
 func (b *bucketState) targets(lim Limit, now int64) map[string]int64 {
 	ids := make([]string, 0, len(b.proxies))
 	for id, p := range b.proxies {
@@ -250,12 +256,70 @@ func (b *bucketState) targets(lim Limit, now int64) map[string]int64 {
 			demands[i] = int64(math.Ceil(d))
 		}
 	}
-	shares := maxMinFair(c, demands)
 	out := make(map[string]int64, len(ids))
+	// The identities, in the order of their first stream's id, and their streams' indexes.
+	var groups [][]int
+	var byGroup map[string]int
 	for i, id := range ids {
-		out[id] = shares[i]
+		g, ok := group(id)
+		if !ok {
+			groups = append(groups, []int{i})
+			continue
+		}
+		if byGroup == nil {
+			byGroup = map[string]int{}
+		}
+		if j, seen := byGroup[g]; seen {
+			groups[j] = append(groups[j], i)
+			continue
+		}
+		byGroup[g] = len(groups)
+		groups = append(groups, []int{i})
+	}
+	if len(groups) == len(ids) {
+		shares := maxMinFair(c, demands)
+		for i, id := range ids {
+			out[id] = shares[i]
+		}
+		return out
+	}
+	gd := make([]int64, len(groups))
+	for j, members := range groups {
+		for _, i := range members {
+			gd[j] = min(gd[j]+demands[i], c)
+		}
+	}
+	gs := maxMinFair(c, gd)
+	for j, members := range groups {
+		md := make([]int64, len(members))
+		for k, i := range members {
+			md[k] = demands[i]
+		}
+		for k, sh := range maxMinFair(gs[j], md) {
+			out[ids[members[k]]] = sh
+		}
 	}
 	return out
+}
+
+// group is the identity of a proxy id "identity/stream"; ok is false for an id without one
+// (a stream without a client certificate is a proxy of its own).
+func group(id string) (string, bool) {
+	i := strings.IndexByte(id, '/')
+	if i < 0 {
+		return "", false
+	}
+	return id[:i], true
+}
+
+// full reports whether proxy is not one of b's and b already counts the most proxies lim
+// allows.
+func (b *bucketState) full(proxy string, lim Limit) bool {
+	if lim.MaxProxies <= 0 || len(b.proxies) < lim.MaxProxies {
+		return false
+	}
+	_, known := b.proxies[proxy]
+	return !known
 }
 
 // heldByOthers is the rate that proxies other than id may be enforcing at now.
@@ -323,7 +387,9 @@ func (b *bucketState) assign(id string, lim Limit, now, ttlMs int64, force bool)
 
 // Decision is what a Store decided for one proxy of a bucket.
 type Decision struct {
-	Share Share
+	// Refused: the bucket counts Limit.MaxProxies proxies already; nothing was recorded.
+	Refused bool
+	Share   Share
 	// Send: the share is to be sent to the proxy.
 	Send bool
 	// Waiting is set when the decision released room (the proxy holds less than before): the

@@ -38,10 +38,10 @@ const (
 	DefaultMaxBuckets = 10000
 	// DefaultMaxStreams bounds the RLQS streams open at once on a replica (Envoy's filter keeps
 	// one per filter configuration).
-	DefaultMaxStreams = 1024
+	DefaultMaxStreams = 512
 	// DefaultMaxTotalBuckets bounds the buckets of all streams together (a bucket reported by
 	// two streams counts twice).
-	DefaultMaxTotalBuckets = 50000
+	DefaultMaxTotalBuckets = 20000
 	// DefaultMaxBucketBytes bounds the bytes of the distinct bucket ids rls keeps for its
 	// streams (each kept once however many streams report it).
 	DefaultMaxBucketBytes = 8 << 20

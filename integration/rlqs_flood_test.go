@@ -2,6 +2,7 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -254,6 +255,17 @@ func TestRLQSFlood(t *testing.T) {
 	// Warnings a client causes are throttled: a line per cause per interval, not one per stream.
 	if n := strings.Count(p.Output(), "rlqs: stream refused"); n == 0 || n > 6 {
 		t.Errorf("%d log lines for the refusals, want one per cause (3) or a few more", n)
+	}
+
+	// /debug/rlqs lists what it is asked for, not every bucket, and says so.
+	var list struct {
+		Buckets     int               `json:"buckets"`
+		Truncated   bool              `json:"truncated"`
+		Assignments []json.RawMessage `json:"assignments"`
+	}
+	getJSON(t, "http://"+p.DebugAddr+"/debug/rlqs?limit=5", &list)
+	if len(list.Assignments) != 5 || !list.Truncated || list.Buckets < 1000 {
+		t.Errorf("/debug/rlqs?limit=5 beside the flood: %d assignments, truncated %v, buckets %d", len(list.Assignments), list.Truncated, list.Buckets)
 	}
 
 	// The flood ends: its buckets and their ids are released at once.

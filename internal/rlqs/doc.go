@@ -17,4 +17,9 @@
 // share only grows into what the other proxies do not hold: every assignment sent is held until
 // its time to live ends, so the sum of what proxies may be enforcing never exceeds the limit,
 // across replicas too when the Store is Redis.
+//
+// With mutual TLS a proxy is its client certificate: the streams of one identity are one proxy
+// of each bucket (see bucketState.targets). Streams, buckets, the bytes of bucket ids and the
+// proxies of a bucket are bounded in all (see Options), and what a stream held is released when
+// it ends.
 package rlqs

@@ -117,8 +117,11 @@ type bucketState struct {
 func newBucketState() *bucketState { return &bucketState{proxies: map[string]*proxyState{}} }
 
 // demandMargin is the headroom a proxy gets over its measured demand, so that one whose demand
-// grows a little is not denied before its next report.
-const demandMargin = 1.10
+// grows a little is not denied before its next report. It only matters when the bucket is
+// contended (otherwise the capacity nobody asks for is spread over all), and there it is taken
+// from the proxies that want more: with 10% and demands rounded up, nine proxies wanting 5/s of
+// a 100/s bucket beside one wanting 200/s were given 6/s each, and 12% of the limit went unused.
+const demandMargin = 1.05
 
 // reserve is the part of a limit's rate that is never held, so that the burst budget refills
 // even when every proxy wants more: 1/32 of the rate, at least 1 when the rate is at least 2.
@@ -253,7 +256,7 @@ func (b *bucketState) targets(lim Limit, now int64) map[string]int64 {
 		case d >= float64(c) || math.IsNaN(d):
 			demands[i] = c
 		case d > 0:
-			demands[i] = int64(math.Ceil(d))
+			demands[i] = max(int64(math.Round(d)), 1)
 		}
 	}
 	out := make(map[string]int64, len(ids))

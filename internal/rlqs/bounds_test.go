@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"log/slog"
 	"maps"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -160,5 +161,27 @@ func TestThrottle(t *testing.T) {
 	th.Warn("a", "warning a")
 	if !strings.Contains(buf.String(), "suppressed=99") {
 		t.Errorf("the line after the interval: %q, want suppressed=99", buf.String())
+	}
+}
+
+// TestDemandEstimate: reports of 1 or 2 requests every 300 ms (a proxy at 5/s) are seen as 5/s,
+// not 3.3 and 6.7 by turns; a shift of demand is taken whole at its first report.
+func TestDemandEstimate(t *testing.T) {
+	var w demandWindow
+	var got float64
+	for i := range 40 {
+		got = w.estimate(float64(1+i%2), 0.3)
+	}
+	if got < 4.8 || got > 5.2 {
+		t.Errorf("1 and 2 requests by turns every 300 ms: %.2f/s, want 5", got)
+	}
+	for range 20 {
+		w.estimate(286, 0.3)
+	}
+	if got := w.estimate(6, 0.3); got != 20 {
+		t.Errorf("955/s, then 6 requests in 300 ms: %.1f/s, want 20 at once", got)
+	}
+	if got := w.estimate(286, 0.3); math.Abs(got-286/0.3) > 1e-9 {
+		t.Errorf("20/s, then 286 requests in 300 ms: %.1f/s, want 953 at once", got)
 	}
 }

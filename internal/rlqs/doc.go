@@ -9,8 +9,9 @@
 //
 // Shares are max-min fair: for each bucket the rule's rate is divided among the proxies that
 // reported it within the assignment's time to live, by their demand (allowed + denied per
-// second); a proxy wanting less than an equal share gets its demand (plus a margin), the others
-// split the rest, and capacity nobody asks for is spread evenly; 1/32 of the rate is never held.
+// second, see demandWindow); a proxy wanting less than an equal share gets its demand (plus a
+// margin), the others split the rest, and capacity nobody asks for is spread evenly; 1/32 of
+// the rate is never held.
 // Each proxy's max_tokens is its rate's part of an eighth of the burst; the rest of the burst is
 // a budget that pays for every token bucket Envoy starts full (see bucketState), so that what the
 // proxies admit over any window of T stays within rate·T + burst. A

@@ -268,7 +268,8 @@ type streamBucket struct {
 	tallied    bool                 // counted in Server.aggs (see tally)
 	rules      *descriptors.RuleSet // the set pol was matched in
 	pol        policy
-	demand     float64 // requests per second, last report
+	demand     float64 // requests per second, as estimate measures it
+	window     demandWindow
 	lastReport time.Time
 	sent       bool // an assignment was sent
 	share      Share
@@ -497,9 +498,9 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 		st.mu.Unlock()
 	}
 	type upd struct {
-		key    string
-		demand float64
-		u      *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage
+		key        string
+		n, elapsed float64 // requests reported, over so many seconds
+		u          *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage
 	}
 	upds := make([]upd, 0, len(m.GetBucketQuotaUsages()))
 	for i, u := range m.GetBucketQuotaUsages() {
@@ -524,7 +525,7 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 		}
 		elapsed = max(elapsed, time.Millisecond)
 		n := float64(u.GetNumRequestsAllowed()) + float64(u.GetNumRequestsDenied())
-		upds = append(upds, upd{key: key, demand: n / elapsed.Seconds(), u: u})
+		upds = append(upds, upd{key: key, n: n, elapsed: elapsed.Seconds(), u: u})
 	}
 	// The buckets new to the stream, admitted within the bounds; the first that is not ends the
 	// stream (those admitted before it are released with the stream).
@@ -574,7 +575,7 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 	for _, up := range upds {
 		b := st.buckets[up.key]
 		s.untally(st, b)
-		b.demand, b.lastReport = up.demand, now
+		b.demand, b.lastReport = b.window.estimate(up.n, up.elapsed), now
 		s.rematch(b, rs, domain)
 		s.tally(st, b)
 		dl, rule := domainLabel(rs, domain), ruleName(b.pol.rule)
@@ -591,6 +592,34 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 		}
 	}
 	return s.decideAll(ctx, ss, st, keys, true, now)
+}
+
+// demandWindow is what a stream's reports of a bucket say of its demand: the requests and
+// seconds of the recent reports that agree with one another.
+type demandWindow struct{ n, secs float64 }
+
+// maxWindow is the most seconds of reports a demand estimate averages.
+const maxWindow = 5.0
+
+// estimate folds a report of n requests over secs seconds into w and returns the demand, in
+// requests per second. A report within the counting noise of what w expects (3·√expected + 3
+// requests) is averaged with the last maxWindow seconds of reports, so that a small proxy
+// whose reports count 1 or 2 requests is seen wanting its steady rate, not half or twice it
+// by turns; one beyond it is a change of demand and is taken whole at once, as shares must
+// follow a shift within a report or two.
+func (w *demandWindow) estimate(n, secs float64) float64 {
+	if w.secs > 0 {
+		expected := w.n / w.secs * secs
+		if math.Abs(n-expected) <= 3*math.Sqrt(expected)+3 {
+			w.n, w.secs = w.n+n, w.secs+secs
+			if w.secs > maxWindow {
+				w.n, w.secs = w.n*maxWindow/w.secs, maxWindow
+			}
+			return w.n / w.secs
+		}
+	}
+	w.n, w.secs = n, secs
+	return n / secs
 }
 
 // admitLocked checks that st, holding n buckets, may hold one more. s.mu must be held.

@@ -9,6 +9,7 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"fmt"
 	"math/big"
 	"net"
 	"net/url"
@@ -260,5 +261,40 @@ func TestRLQSIdentityOneShare(t *testing.T) {
 	}
 	if a+b > 969 {
 		t.Errorf("%d/s assigned in all, more than the limit less its reserve (969)", a+b)
+	}
+}
+
+// TestRLQSTickWork: a stream of 1,000 buckets whose shares have settled costs its ticks a
+// decision per bucket now and then (a recheck, every quarter TTL), not one per bucket per tick:
+// over 3 s of 50 ms ticks, far fewer than the 60,000 decisions deciding everything would make.
+func TestRLQSTickWork(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	p := startRLS(t, nil, "--rlqs", "--config", rules, "--rlqs-tick", "50ms")
+	s, err := rlqsClient(t, p.GRPCAddr).StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 1000
+	m := &rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs"}
+	for i := range n {
+		m.BucketQuotaUsages = append(m.BucketQuotaUsages, usage(map[string]string{"api_key": fmt.Sprintf("k%d", i)}, 1, 0, time.Second))
+	}
+	if err := s.Send(m); err != nil {
+		t.Fatal(err)
+	}
+	for got := 0; got < n; {
+		resp, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got += len(resp.GetBucketAction())
+	}
+	d0 := metric(t, p.HTTPAddr, "rls_rlqs_decisions_total", "")
+	time.Sleep(3 * time.Second)
+	d := metric(t, p.HTTPAddr, "rls_rlqs_decisions_total", "") - d0
+	// A recheck every 750 ms (a quarter of the 3 s TTL): about 4 per bucket in 3 s.
+	t.Logf("%.0f decisions in 3 s of ticks for %d settled buckets", d, n)
+	if d > 6*n {
+		t.Errorf("%.0f decisions in 3 s for %d settled buckets, want at most %d (a recheck every 750 ms)", d, n, 6*n)
 	}
 }

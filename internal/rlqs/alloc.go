@@ -112,6 +112,7 @@ type bucketState struct {
 	proxies map[string]*proxyState
 	budget  budget
 	lim     Limit // of the last decision, for forgetting the bucket
+	target  int64 // of the proxy assign last decided for
 }
 
 func newBucketState() *bucketState { return &bucketState{proxies: map[string]*proxyState{}} }
@@ -351,6 +352,7 @@ func (b *bucketState) assign(id string, lim Limit, now, ttlMs int64, force bool)
 	p := b.proxy(id)
 	targets := b.targets(lim, now)
 	target := targets[id]
+	b.target = target
 	room := max(capacity(lim)-b.heldByOthers(id, now), 0)
 	rate := min(target, room)
 	holding := p.HoldUntil >= now
@@ -399,6 +401,14 @@ type Decision struct {
 	// other proxies of the bucket that hold less than their targets, by the hysteresis or more,
 	// and may now grow.
 	Waiting []string
+	// Target is the proxy's max-min fair rate; Settled says the share it holds is within the
+	// hysteresis of it, so that nothing changes for it until a report or another proxy's
+	// decision says otherwise (see Over).
+	Target  int64
+	Settled bool
+	// Over is set when the proxy is left waiting (below its target by the hysteresis or more):
+	// the other proxies holding more than their targets, which are to give it back now.
+	Over []string
 }
 
 // decide is assign for Store implementations: it also names, when the proxy's share shrank,
@@ -409,11 +419,27 @@ func (b *bucketState) decide(id string, lim Limit, now, ttlMs int64, force bool)
 		before = p.Held.Rate
 	}
 	s, send := b.assign(id, lim, now, ttlMs, force)
-	d := Decision{Share: s, Send: send}
+	hyst := max(lim.Rate/64, 1)
+	d := Decision{Share: s, Send: send, Target: b.target, Settled: absInt64(s.Rate-b.target) < hyst}
 	if send && s.Rate < before {
 		d.Waiting = b.waiting(id, lim, now)
 	}
+	if b.target-s.Rate >= hyst {
+		d.Over = b.over(id, lim, now)
+	}
 	return d
+}
+
+// over returns the proxies other than id that hold more than their targets at now, sorted.
+func (b *bucketState) over(id string, lim Limit, now int64) []string {
+	var out []string
+	for pid, t := range b.targets(lim, now) {
+		if p := b.proxies[pid]; pid != id && p.HoldUntil >= now && p.Held.Rate > t {
+			out = append(out, pid)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // waiting returns the proxies other than id that hold less than their targets at now, by the

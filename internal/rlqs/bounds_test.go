@@ -185,3 +185,32 @@ func TestDemandEstimate(t *testing.T) {
 		t.Errorf("20/s, then 286 requests in 300 ms: %.1f/s, want 953 at once", got)
 	}
 }
+
+// TestDecisionSettledOver: a proxy alone at its target is settled (ticks may leave it be); a
+// proxy joining a bucket another holds whole is left waiting and names the holder as over its
+// target, to be woken; once the holder has given back, both are settled.
+func TestDecisionSettledOver(t *testing.T) {
+	lim := Limit{Rate: 960, PeriodMs: 1000, Burst: 192}
+	const ttl = 1000
+	b := newBucketState()
+	report := func(id string, now int64) Decision {
+		b.advance(lim, now)
+		b.prune(now)
+		p := b.proxy(id)
+		p.Demand, p.SeenUntil = 2000, now+ttl
+		return b.decide(id, lim, now, ttl, true)
+	}
+	if d := report("a", 0); !d.Settled || d.Target != 930 || len(d.Over) != 0 {
+		t.Fatalf("a alone: %+v, want settled at 930", d)
+	}
+	if d := report("b", 10); d.Settled || d.Share.Rate != 0 || !slices.Equal(d.Over, []string{"a"}) {
+		t.Fatalf("b joining: %+v, want waiting with a over its target", d)
+	}
+	b.advance(lim, 20)
+	if d := b.decide("a", lim, 20, ttl, false); !d.Settled || d.Share.Rate != 465 || !slices.Equal(d.Waiting, []string{"b"}) {
+		t.Fatalf("a woken: %+v, want settled at 465 and b waiting", d)
+	}
+	if d := b.decide("b", lim, 30, ttl, false); !d.Settled || d.Share.Rate != 465 || len(d.Over) != 0 {
+		t.Fatalf("b woken: %+v, want settled at 465", d)
+	}
+}

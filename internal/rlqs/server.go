@@ -114,6 +114,7 @@ type Server struct {
 	maxProxies    int
 	domains       map[string]bool // nil: all
 	assignTimeout time.Duration
+	recheck       time.Duration // how often a tick decides a settled bucket again
 	log           *slog.Logger
 	warn          *throttle
 	now           func() time.Time
@@ -132,11 +133,12 @@ type Server struct {
 	stopListen context.CancelFunc // ends the store's Listen, when it has one
 	listening  chan struct{}      // closed when Listen returned
 
-	requests *prometheus.CounterVec // domain, rule, outcome
-	rejected *prometheus.CounterVec // reason
-	refused  *prometheus.CounterVec // reason
-	opened   prometheus.Counter
-	errs     prometheus.Counter
+	requests  *prometheus.CounterVec // domain, rule, outcome
+	rejected  *prometheus.CounterVec // reason
+	refused   *prometheus.CounterVec // reason
+	opened    prometheus.Counter
+	decisions prometheus.Counter
+	errs      prometheus.Counter
 }
 
 var _ rlqspb.RateLimitQuotaServiceServer = (*Server)(nil)
@@ -178,6 +180,9 @@ func New(opts Options) (*Server, error) {
 	if s.tick == 0 {
 		s.tick = DefaultTick
 	}
+	// A settled share changes only at a report or when another proxy's decision wakes it; a
+	// tick decides it again now and then all the same, should the store have lost its state.
+	s.recheck = max(s.tick, min(s.ttl/4, time.Second))
 	if s.maxBuckets == 0 {
 		s.maxBuckets = DefaultMaxBuckets
 	}
@@ -201,12 +206,14 @@ func New(opts Options) (*Server, error) {
 		Help: "RLQS streams refused or ended at a bound (RESOURCE_EXHAUSTED) or for a domain not served (PERMISSION_DENIED), by reason.",
 	}, []string{"reason"})
 	s.opened = prometheus.NewCounter(prometheus.CounterOpts{Name: "rls_rlqs_streams_opened_total", Help: "RLQS streams opened."})
+	s.decisions = prometheus.NewCounter(prometheus.CounterOpts{Name: "rls_rlqs_decisions_total",
+		Help: "Shares decided in the store (at reports, and at ticks for the buckets whose shares may move)."})
 	s.errs = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "rls_rlqs_store_errors_total",
 		Help: "Share decisions that failed in the store (Redis); the proxy keeps its assignment until its TTL.",
 	})
 	if opts.Registerer != nil {
-		for _, c := range []prometheus.Collector{s.requests, s.rejected, s.refused, s.opened, s.errs, collector{s}} {
+		for _, c := range []prometheus.Collector{s.requests, s.rejected, s.refused, s.opened, s.decisions, s.errs, collector{s}} {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("rlqs: registering metrics: %w", err)
 			}
@@ -271,7 +278,9 @@ type streamBucket struct {
 	demand     float64 // requests per second, as estimate measures it
 	window     demandWindow
 	lastReport time.Time
-	sent       bool // an assignment was sent
+	sent       bool      // an assignment was sent
+	settled    bool      // the last decision left the share at its target (see Decision.Settled)
+	decided    time.Time // of the last decision
 	share      Share
 	allowAll   bool // the last assignment sent was ALLOW_ALL
 	sentAt     time.Time
@@ -641,9 +650,12 @@ func (s *Server) refresh(ctx context.Context, ss rlqspb.RateLimitQuotaService_St
 	rs := s.rules()
 	st.mu.Lock()
 	if keys == nil {
+		// A tick: the buckets whose shares may move, and the settled ones once a recheck.
 		keys = make([]string, 0, len(st.buckets))
-		for k := range st.buckets {
-			keys = append(keys, k)
+		for k, b := range st.buckets {
+			if !b.settled || b.rules != rs || now.Sub(b.decided) >= s.recheck {
+				keys = append(keys, k)
+			}
 		}
 	}
 	n := 0
@@ -765,6 +777,7 @@ func (s *Server) decide(ctx context.Context, st *stream, key string, force bool,
 		st.mu.Lock()
 		s.untally(st, b)
 		b.sent, b.allowAll, b.share, b.sentAt = true, true, Share{}, now
+		b.settled, b.decided = true, now
 		s.tally(st, b)
 		st.mu.Unlock()
 		return s.action(key, blanket(typev3.RateLimitStrategy_ALLOW_ALL)), nil, nil
@@ -772,6 +785,7 @@ func (s *Server) decide(ctx context.Context, st *stream, key string, force bool,
 	seen := Seen{Demand: demand, Until: reported.UnixMilli() + ttlMs, Report: force}
 	lim := pol.lim
 	lim.MaxProxies = s.maxProxies
+	s.decisions.Inc()
 	actx, cancel := context.WithTimeout(ctx, s.assignTimeout)
 	d, err := s.store.Assign(actx, key, st.id, lim, seen, now.UnixMilli(), ttlMs)
 	cancel()
@@ -790,18 +804,23 @@ func (s *Server) decide(ctx context.Context, st *stream, key string, force bool,
 		s.log.Info("rlqs: deciding shares again")
 		st.failing = false
 	}
+	b.settled, b.decided = d.Settled, now
 	if d.Refused {
 		_, id, _ := entries(key)
 		return nil, nil, s.refuse(st, "too_many_proxies", codes.ResourceExhausted,
 			"bucket %.64q has %d proxies already (--rlqs-max-proxies-per-bucket)", id.String(), s.maxProxies)
 	}
+	// Those to wake: the proxies waiting for the room this one released, or, when this one is
+	// left waiting, those holding more than their targets.
+	wake := append(slices.Clip(d.Waiting), d.Over...)
+	slices.Sort(wake) // as wake searches it
 	if !d.Send && !(sent && wasAllowAll) {
-		return nil, nil, nil
+		return nil, wake, nil
 	}
 	s.untally(st, b)
 	b.sent, b.allowAll, b.share, b.sentAt = true, false, share, now
 	s.tally(st, b)
-	return s.action(key, strategyFor(share, pol.lim)), d.Waiting, nil
+	return s.action(key, strategyFor(share, pol.lim)), wake, nil
 }
 
 func (s *Server) action(key string, strat *typev3.RateLimitStrategy) *rlqspb.RateLimitQuotaResponse_BucketAction {

@@ -401,9 +401,9 @@ type Decision struct {
 	// other proxies of the bucket that hold less than their targets, by the hysteresis or more,
 	// and may now grow.
 	Waiting []string
-	// Target is the proxy's max-min fair rate; Settled says the share it holds is within the
-	// hysteresis of it, so that nothing changes for it until a report or another proxy's
-	// decision says otherwise (see Over).
+	// Target is the proxy's max-min fair rate; Settled says the proxy is alone in the bucket and
+	// the share it holds is within the hysteresis of it, so that nothing changes for it until a
+	// report or another proxy's decision says otherwise (see Over).
 	Target  int64
 	Settled bool
 	// Over is set when the proxy is left waiting (below its target by the hysteresis or more):
@@ -420,7 +420,9 @@ func (b *bucketState) decide(id string, lim Limit, now, ttlMs int64, force bool)
 	}
 	s, send := b.assign(id, lim, now, ttlMs, force)
 	hyst := max(lim.Rate/64, 1)
-	d := Decision{Share: s, Send: send, Target: b.target, Settled: absInt64(s.Rate-b.target) < hyst}
+	// Only a proxy alone in its bucket settles: where several divide a limit, their shares
+	// follow one another's demands at every tick, as they always have.
+	d := Decision{Share: s, Send: send, Target: b.target, Settled: absInt64(s.Rate-b.target) < hyst && b.counting(now) <= 1}
 	if send && s.Rate < before {
 		d.Waiting = b.waiting(id, lim, now)
 	}
@@ -428,6 +430,17 @@ func (b *bucketState) decide(id string, lim Limit, now, ttlMs int64, force bool)
 		d.Over = b.over(id, lim, now)
 	}
 	return d
+}
+
+// counting is the number of proxies whose demand counts at now.
+func (b *bucketState) counting(now int64) int {
+	n := 0
+	for _, p := range b.proxies {
+		if p.SeenUntil >= now {
+			n++
+		}
+	}
+	return n
 }
 
 // over returns the proxies other than id that hold more than their targets at now, sorted.

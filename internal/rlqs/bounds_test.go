@@ -188,7 +188,8 @@ func TestDemandEstimate(t *testing.T) {
 
 // TestDecisionSettledOver: a proxy alone at its target is settled (ticks may leave it be); a
 // proxy joining a bucket another holds whole is left waiting and names the holder as over its
-// target, to be woken; once the holder has given back, both are settled.
+// target, to be woken; once the holder has given back, both hold their targets, and neither
+// settles while they divide the bucket.
 func TestDecisionSettledOver(t *testing.T) {
 	lim := Limit{Rate: 960, PeriodMs: 1000, Burst: 192}
 	const ttl = 1000
@@ -207,10 +208,35 @@ func TestDecisionSettledOver(t *testing.T) {
 		t.Fatalf("b joining: %+v, want waiting with a over its target", d)
 	}
 	b.advance(lim, 20)
-	if d := b.decide("a", lim, 20, ttl, false); !d.Settled || d.Share.Rate != 465 || !slices.Equal(d.Waiting, []string{"b"}) {
-		t.Fatalf("a woken: %+v, want settled at 465 and b waiting", d)
+	if d := b.decide("a", lim, 20, ttl, false); d.Settled || d.Share.Rate != 465 || !slices.Equal(d.Waiting, []string{"b"}) {
+		t.Fatalf("a woken: %+v, want 465 and b waiting (not settled: two proxies divide the bucket)", d)
 	}
-	if d := b.decide("b", lim, 30, ttl, false); !d.Settled || d.Share.Rate != 465 || len(d.Over) != 0 {
-		t.Fatalf("b woken: %+v, want settled at 465", d)
+	if d := b.decide("b", lim, 30, ttl, false); d.Settled || d.Share.Rate != 465 || len(d.Over) != 0 {
+		t.Fatalf("b woken: %+v, want 465, nobody over", d)
+	}
+}
+
+// TestMemoryMaxKept: buckets whose streams ended keep their spent budgets (a monthly limit's for
+// days), but no more of them than maxKept: past it a sweep forgets those nobody holds.
+func TestMemoryMaxKept(t *testing.T) {
+	m := NewMemory()
+	m.maxKept = 2
+	lim := Limit{Rate: 1000, PeriodMs: 30 * 24 * 3600 * 1000, Burst: 1000} // a month
+	for i := range 5 {
+		k := bucketID{{Key: "k", Value: string(rune('a' + i))}}.key("d")
+		if _, err := m.Assign(t.Context(), k, "p", lim, Seen{Demand: 1, Until: 2000, Report: true}, 1000, 1000); err != nil {
+			t.Fatal(err)
+		}
+		if err := m.Leave(t.Context(), k, "p", 1500); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m.Sweep(1500) // the proxies still hold their shares: nothing to forget
+	if n := m.Len(); n != 5 {
+		t.Fatalf("%d buckets kept while their shares are held, want 5", n)
+	}
+	m.Sweep(5000) // holds ended, budgets still refilling for weeks
+	if n := m.Len(); n != 2 {
+		t.Errorf("%d buckets kept after the holds ended, want maxKept (2)", n)
 	}
 }

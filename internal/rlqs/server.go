@@ -172,7 +172,10 @@ func New(opts Options) (*Server, error) {
 		}
 	}
 	if s.store == nil {
-		s.store = NewMemory()
+		m := NewMemory()
+		// What ended streams leave behind is bounded too (see Memory.maxKept).
+		m.maxKept = 2 * cmp.Or(opts.MaxTotalBuckets, DefaultMaxTotalBuckets)
+		s.store = m
 	}
 	if s.ttl == 0 {
 		s.ttl = DefaultTTL
@@ -364,7 +367,7 @@ func (s *Server) StreamRateLimitQuotas(ss rlqspb.RateLimitQuotaService_StreamRat
 	}
 }
 
-// peerIdentity is the identity of the client certificate of a stream's connection (mutual TLS):
+// peerIdentity is the identity of the verified client certificate of a stream's connection (mutual TLS):
 // its first URI name (a SPIFFE id), else its first DNS name, else its subject; "" without one.
 func peerIdentity(ctx context.Context) string {
 	p, ok := peer.FromContext(ctx)
@@ -372,8 +375,8 @@ func peerIdentity(ctx context.Context) string {
 		return ""
 	}
 	info, ok := p.AuthInfo.(credentials.TLSInfo)
-	if !ok || len(info.State.PeerCertificates) == 0 {
-		return ""
+	if !ok || len(info.State.VerifiedChains) == 0 || len(info.State.PeerCertificates) == 0 {
+		return "" // no certificate, or one nobody verified: any name could be claimed
 	}
 	c := info.State.PeerCertificates[0]
 	switch {

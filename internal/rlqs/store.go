@@ -55,6 +55,11 @@ type Memory struct {
 	mu        sync.Mutex
 	buckets   map[[digestSize]byte]*bucketState
 	lastSweep int64
+	// maxKept, when not 0, bounds the buckets kept: past it, each sweep forgets buckets that
+	// no proxy counts in or holds anything of (their spent budgets: each then has its whole
+	// burst again, which a bucket seen for the first time has anyway), so that streams that
+	// come and go with new ids cannot grow the store for as long as a budget takes to refill.
+	maxKept int
 }
 
 var _ Store = (*Memory)(nil)
@@ -137,6 +142,17 @@ func (m *Memory) sweepAllLocked(now int64) {
 	for k, b := range m.buckets {
 		b.advance(b.lim, now)
 		if b.prune(now); b.empty(now) {
+			delete(m.buckets, k)
+		}
+	}
+	if m.maxKept <= 0 {
+		return
+	}
+	for k, b := range m.buckets {
+		if len(m.buckets) <= m.maxKept {
+			break
+		}
+		if len(b.proxies) == 0 {
 			delete(m.buckets, k)
 		}
 	}

@@ -39,7 +39,7 @@ func rlqsFlags(fs *flag.FlagSet) *rlqsConfig {
 	fs.DurationVar(&rc.ttl, "rlqs-assignment-ttl", rlqs.DefaultTTL,
 		"RLQS: time to live of every quota assignment: how long a proxy enforces its share without hearing from rls, and how long a vanished proxy's share stays held (a few of the filter's reporting intervals)")
 	fs.DurationVar(&rc.tick, "rlqs-tick", rlqs.DefaultTick,
-		"RLQS: how often each stream's shares that may move (waiting for room, or above their target) are decided again between reports; settled ones are decided again every quarter of the TTL (at most 1s), and a share released or wanted wakes the proxies concerned at once")
+		"RLQS: how often each stream's shares are decided again between reports; the share of a proxy alone in its bucket and at its target only every quarter of the TTL (at most 1s); a share released or wanted wakes the proxies concerned at once")
 	fs.IntVar(&rc.maxBuckets, "rlqs-max-buckets", rlqs.DefaultMaxBuckets, "RLQS: most buckets one stream may report (more ends the stream with RESOURCE_EXHAUSTED)")
 	fs.IntVar(&rc.maxStreams, "rlqs-max-streams", rlqs.DefaultMaxStreams,
 		"RLQS: most streams open at once on this replica, whoever opens them (one more is refused with RESOURCE_EXHAUSTED)")

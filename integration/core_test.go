@@ -381,8 +381,8 @@ func TestUsageErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--rlqs-tick", "0s"}, "--rlqs-tick 0s: want a positive duration"},
-		{[]string{"--rlqs-assignment-ttl", "1500ms"}, "--rlqs-assignment-ttl 1.5s: want a whole number of seconds"},
+		{[]string{"--rlqs", "--rlqs-tick", "0s"}, "--rlqs-tick 0s: want a positive duration"},
+		{[]string{"--rlqs", "--rlqs-assignment-ttl", "1500ms"}, "--rlqs-assignment-ttl 1.5s: want a whole number of seconds"},
 		{[]string{"serve", "extra"}, `unexpected arguments ["extra"]`},
 		{[]string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
 	} {

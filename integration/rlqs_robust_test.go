@@ -59,11 +59,45 @@ func exchange(t *testing.T, s rlqspb.RateLimitQuotaService_StreamRateLimitQuotas
 	return resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy()
 }
 
+// TestRLQSOffByDefault: without --rlqs, rls serves no RLQS: the stream answers UNIMPLEMENTED and
+// the debug pages are not there; with RLS_RLQS=true it is served.
+func TestRLQSOffByDefault(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	p := startRLS(t, nil, "--config", rules)
+	s, err := rlqsClient(t, p.GRPCAddr).StreamRateLimitQuotas(ctxT(t))
+	if err == nil {
+		// A Send that finds the stream ended says EOF; Recv has the status.
+		_ = s.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			usage(map[string]string{"api_key": "shared"}, 1, 0, time.Second)}})
+		_, err = s.Recv()
+	}
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("RLQS stream without --rlqs: %v, want UNIMPLEMENTED", err)
+	}
+	resp, err := http.Get("http://" + p.DebugAddr + "/debug/rlqs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("/debug/rlqs without --rlqs: %s, want 404", resp.Status)
+	}
+	on := startRLS(t, []string{"RLS_RLQS=true"}, "--config", rules)
+	s, err = rlqsClient(t, on.GRPCAddr).StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tb := exchange(t, s, &rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		usage(map[string]string{"api_key": "shared"}, 1, 0, time.Second)}}).GetTokenBucket(); tb.GetTokensPerFill().GetValue() != 969 {
+		t.Errorf("with RLS_RLQS=true: %v, want a token bucket of 969", tb)
+	}
+}
+
 // TestRLQSMapping: a bucket id maps to the rule its pairs match as a descriptor, in sorted key
 // order or else another order; no rule, no limit.
 func TestRLQSMapping(t *testing.T) {
 	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
-	p := startRLS(t, nil, "--config", rules)
+	p := startRLS(t, nil, "--rlqs", "--config", rules)
 	c := rlqsClient(t, p.GRPCAddr)
 	tests := []struct {
 		name   string
@@ -105,7 +139,7 @@ func TestRLQSMapping(t *testing.T) {
 // rls goes on serving.
 func TestRLQSMalformed(t *testing.T) {
 	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
-	p := startRLS(t, nil, "--config", rules)
+	p := startRLS(t, nil, "--rlqs", "--config", rules)
 	c := rlqsClient(t, p.GRPCAddr)
 	good := usage(map[string]string{"api_key": "shared"}, 1, 0, time.Second)
 	tests := []struct {
@@ -159,7 +193,7 @@ func TestRLQSMalformed(t *testing.T) {
 func TestRLQSVanishedProxy(t *testing.T) {
 	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
 	const ttl = time.Second
-	p := startRLS(t, nil, "--config", rules, "--rlqs-assignment-ttl", ttl.String(), "--rlqs-tick", "50ms")
+	p := startRLS(t, nil, "--rlqs", "--config", rules, "--rlqs-assignment-ttl", ttl.String(), "--rlqs-tick", "50ms")
 	c := rlqsClient(t, p.GRPCAddr)
 	bucket := map[string]string{"api_key": "shared"}
 	report := func(s rlqspb.RateLimitQuotaService_StreamRateLimitQuotasClient, first bool) uint32 {
@@ -258,7 +292,7 @@ func metric(t *testing.T, addr, name, labels string) float64 {
 // grown with them. The debug pages and metrics show the one stream left.
 func TestRLQSStreamsComeAndGo(t *testing.T) {
 	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
-	p := startRLS(t, nil, "--config", rules, "--rlqs-assignment-ttl", "300ms", "--rlqs-testing-subsecond-ttl")
+	p := startRLS(t, nil, "--rlqs", "--config", rules, "--rlqs-assignment-ttl", "300ms", "--rlqs-testing-subsecond-ttl")
 	c := rlqsClient(t, p.GRPCAddr)
 	one := func(i int) error {
 		ctx, cancel := context.WithCancel(context.Background())
@@ -429,7 +463,7 @@ func getJSON(t *testing.T, url string, v any) {
 // replicas on one Redis, across replicas too (Redis PUBLISH).
 func TestRLQSReleaseWakes(t *testing.T) {
 	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
-	args := []string{"--config", rules, "--rlqs-tick", "1h"}
+	args := []string{"--rlqs", "--config", rules, "--rlqs-tick", "1h"}
 	t.Run("one replica", func(t *testing.T) {
 		t.Parallel()
 		p := startRLS(t, nil, args...)
@@ -505,7 +539,7 @@ func TestRLQSManyBucketsLeave(t *testing.T) {
 	const n = 5000
 	url := redistest.URL(t, redistest.SingleEnv)
 	prefix := fmt.Sprintf("rlqs-leave-%d:", time.Now().UnixNano())
-	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"rlqs.yaml": rlqsRules}),
+	p := startRLS(t, nil, "--rlqs", "--config", writeRules(t, map[string]string{"rlqs.yaml": rlqsRules}),
 		"--backend", "redis", "--redis-url", url, "--redis-key-prefix", prefix, "--rlqs-tick", "1h",
 		"--rlqs-assignment-ttl", "60s") // the buckets' keys live for minutes, past any check below
 	ctx, cancel := context.WithCancel(ctxT(t))
@@ -579,7 +613,7 @@ func TestRLQSManyBucketsLeave(t *testing.T) {
 func TestRLQSStateLost(t *testing.T) {
 	url := redistest.URL(t, redistest.SingleEnv)
 	prefix := fmt.Sprintf("rlqs-lost-%d:", time.Now().UnixNano())
-	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"rlqs.yaml": rlqsRules}),
+	p := startRLS(t, nil, "--rlqs", "--config", writeRules(t, map[string]string{"rlqs.yaml": rlqsRules}),
 		"--backend", "redis", "--redis-url", url, "--redis-key-prefix", prefix, "--rlqs-tick", "50ms")
 	s, err := rlqsClient(t, p.GRPCAddr).StreamRateLimitQuotas(ctxT(t))
 	if err != nil {

@@ -57,7 +57,7 @@ func rlqsPhases() []phase {
 }
 
 func rlqsArgs(extra ...string) []string {
-	return append([]string{"--rlqs-assignment-ttl", "1s", "--rlqs-tick", "25ms"}, extra...)
+	return append([]string{"--rlqs", "--rlqs-assignment-ttl", "1s", "--rlqs-tick", "25ms"}, extra...)
 }
 
 // rlqsFigures are one run's measurements.

@@ -15,7 +15,7 @@ import (
 // hold theirs for as long as they stay open, are still served, on goroutines of their own.
 func TestStreamWorkersBusy(t *testing.T) {
 	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
-	p := startRLS(t, nil, "--config", rules, "--grpc-stream-workers", "2")
+	p := startRLS(t, nil, "--rlqs", "--config", rules, "--grpc-stream-workers", "2")
 	q := rlqsClient(t, p.GRPCAddr)
 	for i := range 3 {
 		s, err := q.StreamRateLimitQuotas(ctxT(t))

@@ -26,17 +26,31 @@ type rlqsConfig struct {
 	tick          time.Duration
 	maxBuckets    int
 	subsecondTTLs bool
+	// The bounds of all streams together.
+	maxStreams, maxTotalBuckets, maxProxies int
+	maxBucketBytes                          int64
+	domains                                 string // comma-separated; "": all
 }
 
 // rlqsFlags registers the Rate Limit Quota Service's flags on fs.
 func rlqsFlags(fs *flag.FlagSet) *rlqsConfig {
 	rc := &rlqsConfig{}
-	fs.BoolVar(&rc.enabled, "rlqs", true, "serve Envoy's Rate Limit Quota Service (StreamRateLimitQuotas, for the rate_limit_quota filter) on --grpc-addr")
+	fs.BoolVar(&rc.enabled, "rlqs", false, "serve Envoy's Rate Limit Quota Service (StreamRateLimitQuotas, for the rate_limit_quota filter) on --grpc-addr; off unless asked for, as a ShouldRateLimit deployment needs none of it")
 	fs.DurationVar(&rc.ttl, "rlqs-assignment-ttl", rlqs.DefaultTTL,
 		"RLQS: time to live of every quota assignment: how long a proxy enforces its share without hearing from rls, and how long a vanished proxy's share stays held (a few of the filter's reporting intervals)")
 	fs.DurationVar(&rc.tick, "rlqs-tick", rlqs.DefaultTick,
-		"RLQS: how often each stream's shares are decided again between reports, so that shares above their target are given back to the proxies waiting (a share released wakes them at once)")
+		"RLQS: how often each stream's shares are decided again between reports; the share of a proxy alone in its bucket and at its target only every quarter of the TTL (at most 1s); a share released or wanted wakes the proxies concerned at once")
 	fs.IntVar(&rc.maxBuckets, "rlqs-max-buckets", rlqs.DefaultMaxBuckets, "RLQS: most buckets one stream may report (more ends the stream with RESOURCE_EXHAUSTED)")
+	fs.IntVar(&rc.maxStreams, "rlqs-max-streams", rlqs.DefaultMaxStreams,
+		"RLQS: most streams open at once on this replica, whoever opens them (one more is refused with RESOURCE_EXHAUSTED)")
+	fs.IntVar(&rc.maxTotalBuckets, "rlqs-max-total-buckets", rlqs.DefaultMaxTotalBuckets,
+		"RLQS: most buckets of all streams together (a bucket on two streams counts twice); a report that would add one more ends its stream with RESOURCE_EXHAUSTED")
+	fs.Int64Var(&rc.maxBucketBytes, "rlqs-max-bucket-bytes", rlqs.DefaultMaxBucketBytes,
+		"RLQS: most bytes of the distinct bucket ids of all streams together (each id is kept once); a report that would pass it ends its stream with RESOURCE_EXHAUSTED")
+	fs.IntVar(&rc.maxProxies, "rlqs-max-proxies-per-bucket", rlqs.DefaultMaxProxiesPerBucket,
+		"RLQS: most proxies (streams, on every replica sharing Redis) one bucket's limit is divided among; one more ends its stream with RESOURCE_EXHAUSTED")
+	fs.StringVar(&rc.domains, "rlqs-domains", "",
+		"RLQS: the only domains served, comma-separated (default: every domain); a stream naming another ends with PERMISSION_DENIED")
 	fs.BoolVar(&rc.subsecondTTLs, "rlqs-testing-subsecond-ttl", false,
 		"RLQS, for tests only: accept a --rlqs-assignment-ttl that is not a whole number of seconds (Envoy reads it in whole seconds: a 300ms TTL expires at once there)")
 	return rc
@@ -61,6 +75,19 @@ func (rc *rlqsConfig) validate() error {
 		return fmt.Errorf("%w: --rlqs-tick %v: want a positive duration", errUsage, rc.tick)
 	case rc.maxBuckets <= 0:
 		return fmt.Errorf("%w: --rlqs-max-buckets %d: want at least 1", errUsage, rc.maxBuckets)
+	case rc.maxStreams <= 0:
+		return fmt.Errorf("%w: --rlqs-max-streams %d: want at least 1", errUsage, rc.maxStreams)
+	case rc.maxTotalBuckets <= 0:
+		return fmt.Errorf("%w: --rlqs-max-total-buckets %d: want at least 1", errUsage, rc.maxTotalBuckets)
+	case rc.maxBucketBytes <= 0:
+		return fmt.Errorf("%w: --rlqs-max-bucket-bytes %d: want at least 1", errUsage, rc.maxBucketBytes)
+	case rc.maxProxies <= 0:
+		return fmt.Errorf("%w: --rlqs-max-proxies-per-bucket %d: want at least 1", errUsage, rc.maxProxies)
+	}
+	for _, d := range strings.Split(rc.domains, ",") {
+		if rc.domains != "" && strings.TrimSpace(d) == "" {
+			return fmt.Errorf("%w: --rlqs-domains %q: an empty domain", errUsage, rc.domains)
+		}
 	}
 	return nil
 }
@@ -83,8 +110,16 @@ func startRLQS(g *grpc.Server, c serveConfig, svc *service.Service, reg promethe
 		}
 		store = rlqs.NewRedis(rdb, c.redis.keyPrefix)
 	}
+	var domains []string
+	if rc.domains != "" {
+		for _, d := range strings.Split(rc.domains, ",") {
+			domains = append(domains, strings.TrimSpace(d))
+		}
+	}
 	s, err := rlqs.New(rlqs.Options{
 		Rules: svc.Rules, Store: store, TTL: rc.ttl, Tick: rc.tick, MaxBuckets: rc.maxBuckets,
+		MaxStreams: rc.maxStreams, MaxTotalBuckets: rc.maxTotalBuckets, MaxBucketBytes: rc.maxBucketBytes,
+		MaxProxiesPerBucket: rc.maxProxies, Domains: domains,
 		Registerer: reg, Logger: log.With("service", "rlqs"),
 	})
 	if err != nil {

@@ -67,6 +67,9 @@ type Limit struct {
 	Rate     int64
 	PeriodMs int64
 	Burst    int64
+	// MaxProxies bounds the proxies a bucket counts (0: no bound): a proxy that would be one
+	// more is refused (Decision.Refused).
+	MaxProxies int
 }
 
 // Share is one proxy's part of a Limit. A zero Rate denies everything.
@@ -109,13 +112,17 @@ type bucketState struct {
 	proxies map[string]*proxyState
 	budget  budget
 	lim     Limit // of the last decision, for forgetting the bucket
+	target  int64 // of the proxy assign last decided for
 }
 
 func newBucketState() *bucketState { return &bucketState{proxies: map[string]*proxyState{}} }
 
 // demandMargin is the headroom a proxy gets over its measured demand, so that one whose demand
-// grows a little is not denied before its next report.
-const demandMargin = 1.10
+// grows a little is not denied before its next report. It only matters when the bucket is
+// contended (otherwise the capacity nobody asks for is spread over all), and there it is taken
+// from the proxies that want more: with 10% and demands rounded up, nine proxies wanting 5/s of
+// a 100/s bucket beside one wanting 200/s were given 6/s each, and 12% of the limit went unused.
+const demandMargin = 1.05
 
 // reserve is the part of a limit's rate that is never held, so that the burst budget refills
 // even when every proxy wants more: 1/32 of the rate, at least 1 when the rate is at least 2.
@@ -230,7 +237,10 @@ func (b *bucketState) note(proxy string, seen Seen, now int64) bool {
 	return true
 }
 
-// targets returns the max-min fair rate of every proxy whose demand counts at now.
+// targets returns the max-min fair rate of every proxy whose demand counts at now. Proxies of
+// one identity (ids "identity/stream", see group) are one proxy first: the identities divide
+// the capacity by their summed demands, then each identity's part is divided among its streams
+// by theirs, so that an identity holds one share however many streams it opens.
 func (b *bucketState) targets(lim Limit, now int64) map[string]int64 {
 	ids := make([]string, 0, len(b.proxies))
 	for id, p := range b.proxies {
@@ -247,15 +257,73 @@ func (b *bucketState) targets(lim Limit, now int64) map[string]int64 {
 		case d >= float64(c) || math.IsNaN(d):
 			demands[i] = c
 		case d > 0:
-			demands[i] = int64(math.Ceil(d))
+			demands[i] = max(int64(math.Round(d)), 1)
 		}
 	}
-	shares := maxMinFair(c, demands)
 	out := make(map[string]int64, len(ids))
+	// The identities, in the order of their first stream's id, and their streams' indexes.
+	var groups [][]int
+	var byGroup map[string]int
 	for i, id := range ids {
-		out[id] = shares[i]
+		g, ok := group(id)
+		if !ok {
+			groups = append(groups, []int{i})
+			continue
+		}
+		if byGroup == nil {
+			byGroup = map[string]int{}
+		}
+		if j, seen := byGroup[g]; seen {
+			groups[j] = append(groups[j], i)
+			continue
+		}
+		byGroup[g] = len(groups)
+		groups = append(groups, []int{i})
+	}
+	if len(groups) == len(ids) {
+		shares := maxMinFair(c, demands)
+		for i, id := range ids {
+			out[id] = shares[i]
+		}
+		return out
+	}
+	gd := make([]int64, len(groups))
+	for j, members := range groups {
+		for _, i := range members {
+			gd[j] = min(gd[j]+demands[i], c)
+		}
+	}
+	gs := maxMinFair(c, gd)
+	for j, members := range groups {
+		md := make([]int64, len(members))
+		for k, i := range members {
+			md[k] = demands[i]
+		}
+		for k, sh := range maxMinFair(gs[j], md) {
+			out[ids[members[k]]] = sh
+		}
 	}
 	return out
+}
+
+// group is the identity of a proxy id "identity/stream"; ok is false for an id without one
+// (a stream without a client certificate is a proxy of its own).
+func group(id string) (string, bool) {
+	i := strings.IndexByte(id, '/')
+	if i < 0 {
+		return "", false
+	}
+	return id[:i], true
+}
+
+// full reports whether proxy is not one of b's and b already counts the most proxies lim
+// allows.
+func (b *bucketState) full(proxy string, lim Limit) bool {
+	if lim.MaxProxies <= 0 || len(b.proxies) < lim.MaxProxies {
+		return false
+	}
+	_, known := b.proxies[proxy]
+	return !known
 }
 
 // heldByOthers is the rate that proxies other than id may be enforcing at now.
@@ -284,6 +352,7 @@ func (b *bucketState) assign(id string, lim Limit, now, ttlMs int64, force bool)
 	p := b.proxy(id)
 	targets := b.targets(lim, now)
 	target := targets[id]
+	b.target = target
 	room := max(capacity(lim)-b.heldByOthers(id, now), 0)
 	rate := min(target, room)
 	holding := p.HoldUntil >= now
@@ -323,13 +392,23 @@ func (b *bucketState) assign(id string, lim Limit, now, ttlMs int64, force bool)
 
 // Decision is what a Store decided for one proxy of a bucket.
 type Decision struct {
-	Share Share
+	// Refused: the bucket counts Limit.MaxProxies proxies already; nothing was recorded.
+	Refused bool
+	Share   Share
 	// Send: the share is to be sent to the proxy.
 	Send bool
 	// Waiting is set when the decision released room (the proxy holds less than before): the
 	// other proxies of the bucket that hold less than their targets, by the hysteresis or more,
 	// and may now grow.
 	Waiting []string
+	// Target is the proxy's max-min fair rate; Settled says the proxy is alone in the bucket and
+	// the share it holds is within the hysteresis of it, so that nothing changes for it until a
+	// report or another proxy's decision says otherwise (see Over).
+	Target  int64
+	Settled bool
+	// Over is set when the proxy is left waiting (below its target by the hysteresis or more):
+	// the other proxies holding more than their targets, which are to give it back now.
+	Over []string
 }
 
 // decide is assign for Store implementations: it also names, when the proxy's share shrank,
@@ -340,11 +419,40 @@ func (b *bucketState) decide(id string, lim Limit, now, ttlMs int64, force bool)
 		before = p.Held.Rate
 	}
 	s, send := b.assign(id, lim, now, ttlMs, force)
-	d := Decision{Share: s, Send: send}
+	hyst := max(lim.Rate/64, 1)
+	// Only a proxy alone in its bucket settles: where several divide a limit, their shares
+	// follow one another's demands at every tick, as they always have.
+	d := Decision{Share: s, Send: send, Target: b.target, Settled: absInt64(s.Rate-b.target) < hyst && b.counting(now) <= 1}
 	if send && s.Rate < before {
 		d.Waiting = b.waiting(id, lim, now)
 	}
+	if b.target-s.Rate >= hyst {
+		d.Over = b.over(id, lim, now)
+	}
 	return d
+}
+
+// counting is the number of proxies whose demand counts at now.
+func (b *bucketState) counting(now int64) int {
+	n := 0
+	for _, p := range b.proxies {
+		if p.SeenUntil >= now {
+			n++
+		}
+	}
+	return n
+}
+
+// over returns the proxies other than id that hold more than their targets at now, sorted.
+func (b *bucketState) over(id string, lim Limit, now int64) []string {
+	var out []string
+	for pid, t := range b.targets(lim, now) {
+		if p := b.proxies[pid]; pid != id && p.HoldUntil >= now && p.Held.Rate > t {
+			out = append(out, pid)
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 // waiting returns the proxies other than id that hold less than their targets at now, by the

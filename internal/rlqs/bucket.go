@@ -9,15 +9,22 @@ import (
 	"time"
 	"unicode/utf8"
 
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+
 	"github.com/rls-project/rls/internal/descriptors"
 )
 
-// Bounds on a bucket id: Envoy's bucket id builders make a few short pairs.
+// Bounds on a bucket id. Envoy's bucket id builders (RateLimitQuotaBucketSettings'
+// bucket_id_builder) make a few pairs whose keys are names written in the filter's
+// configuration and whose values are a constant or one piece of the request (a header such as
+// an API key, the client address, a path): 8 pairs, 128-byte keys and 512-byte values leave room
+// for every such id while a hostile proxy's largest id is 5 KiB rather than 16 pairs of 1 KiB.
 const (
-	maxBucketKeys   = 16
-	maxBucketField  = 1024 // bytes of one key or value
-	maxPermuteKeys  = 4    // up to 4! = 24 orders tried
-	maxDomainLength = 1024
+	maxBucketKeys   = 8
+	maxBucketKey    = 128 // bytes of one key
+	maxBucketValue  = 512 // bytes of one value
+	maxPermuteKeys  = 4   // up to 4! = 24 orders tried
+	maxDomainLength = 256
 )
 
 // bucketID is a validated bucket id: its pairs sorted by key.
@@ -36,8 +43,10 @@ func parseBucketID(m map[string]string) (bucketID, error) {
 		switch {
 		case k == "":
 			return nil, fmt.Errorf("bucket_id has an empty key")
-		case len(k) > maxBucketField || len(v) > maxBucketField:
-			return nil, fmt.Errorf("bucket_id key %.32q: key or value longer than %d bytes", k, maxBucketField)
+		case len(k) > maxBucketKey:
+			return nil, fmt.Errorf("bucket_id key %.32q: key longer than %d bytes", k, maxBucketKey)
+		case len(v) > maxBucketValue:
+			return nil, fmt.Errorf("bucket_id key %.32q: value longer than %d bytes", k, maxBucketValue)
 		case !utf8.ValidString(k) || !utf8.ValidString(v):
 			return nil, fmt.Errorf("bucket_id key %.32q: key or value is not valid UTF-8", k)
 		}
@@ -47,16 +56,73 @@ func parseBucketID(m map[string]string) (bucketID, error) {
 	return id, nil
 }
 
-// key is the id as one string, unambiguous whatever the keys and values hold.
+// key is the id as one string, unambiguous whatever the keys and values hold:
+// "len:domain" then "|len:key=len:value" for each pair in order. It is the one copy of a bucket
+// id that rls keeps: entries reads the pairs back as parts of it.
 func (id bucketID) key(domain string) string {
-	var b strings.Builder
-	b.WriteString(strconv.Itoa(len(domain)))
-	b.WriteByte(':')
-	b.WriteString(domain)
+	n := len(domain) + 8
 	for _, e := range id {
-		fmt.Fprintf(&b, "|%d:%s=%d:%s", len(e.Key), e.Key, len(e.Value), e.Value)
+		n += len(e.Key) + len(e.Value) + 12
 	}
-	return b.String()
+	b := make([]byte, 0, n)
+	b = strconv.AppendInt(b, int64(len(domain)), 10)
+	b = append(b, ':')
+	b = append(b, domain...)
+	for _, e := range id {
+		b = append(b, '|')
+		b = strconv.AppendInt(b, int64(len(e.Key)), 10)
+		b = append(b, ':')
+		b = append(b, e.Key...)
+		b = append(b, '=')
+		b = strconv.AppendInt(b, int64(len(e.Value)), 10)
+		b = append(b, ':')
+		b = append(b, e.Value...)
+	}
+	return string(b)
+}
+
+// entries reads a key back: the domain and the pairs, each a part of key (nothing copied).
+// ok is false for a string key did not make.
+func entries(key string) (domain string, id bucketID, ok bool) {
+	field := func(s string) (string, string, bool) {
+		i := strings.IndexByte(s, ':')
+		if i <= 0 {
+			return "", "", false
+		}
+		n, err := strconv.Atoi(s[:i])
+		if err != nil || n < 0 || n > len(s)-i-1 {
+			return "", "", false
+		}
+		return s[i+1 : i+1+n], s[i+1+n:], true
+	}
+	domain, rest, ok := field(key)
+	if !ok {
+		return "", nil, false
+	}
+	for rest != "" {
+		if rest[0] != '|' {
+			return "", nil, false
+		}
+		var k, v string
+		if k, rest, ok = field(rest[1:]); !ok || rest == "" || rest[0] != '=' {
+			return "", nil, false
+		}
+		if v, rest, ok = field(rest[1:]); !ok {
+			return "", nil, false
+		}
+		id = append(id, descriptors.Entry{Key: k, Value: v})
+	}
+	return domain, id, true
+}
+
+// bucketProto is the BucketId of a key, for an answer; its strings are parts of key.
+func bucketProto(key string) *rlqspb.BucketId {
+	_, id, _ := entries(key)
+	m := make(map[string]string, len(id))
+	for _, e := range id {
+		m[e.Key] = e.Value
+	}
+	return &rlqspb.BucketId{Bucket: m}
 }
 
 // String is the id as "k=v,k2=v2", sorted by key, for logs and the debug pages.
@@ -116,7 +182,7 @@ type policy struct {
 	// allowAll: no limit applies (no rule, allow-listed, unlimited or shadow mode).
 	allowAll bool
 	lim      Limit
-	limit    descriptors.Limit
+	index    int // of the limit divided in rule.Limits
 }
 
 // policyOf is the policy of a matched rule: its tightest limit (the lowest rate per second)
@@ -140,7 +206,7 @@ func policyOf(r *descriptors.Rule) policy {
 		return policy{rule: r, allowAll: true}
 	}
 	l := r.Limits[best]
-	return policy{rule: r, limit: l, lim: Limit{
+	return policy{rule: r, index: best, lim: Limit{
 		Rate: l.GCRA.Rate, PeriodMs: l.GCRA.Period.Milliseconds(), Burst: l.GCRA.Burst,
 	}}
 }

@@ -3,8 +3,11 @@ package rlqs
 import (
 	"cmp"
 	"encoding/json"
+	"fmt"
+	"math"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,50 +32,103 @@ var (
 type collector struct{ s *Server }
 
 func (c collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{proxiesDesc, bucketsDesc, assignedDesc, demandDesc, streamsDesc, storeDesc} {
+	for _, d := range []*prometheus.Desc{proxiesDesc, bucketsDesc, assignedDesc, demandDesc, streamsDesc, storeDesc,
+		totalBucketsDesc, bucketBytesDesc} {
 		ch <- d
 	}
 }
 
+var (
+	totalBucketsDesc = prometheus.NewDesc("rls_rlqs_stream_buckets",
+		"Buckets of the open RLQS streams together (stream × bucket), against --rlqs-max-total-buckets.", nil, nil)
+	bucketBytesDesc = prometheus.NewDesc("rls_rlqs_bucket_id_bytes",
+		"Bytes of the distinct bucket ids of the open RLQS streams, against --rlqs-max-bucket-bytes.", nil, nil)
+)
+
+// Collect reads the per-rule gauges that tally keeps: its cost is the number of rules with
+// buckets (rules are the operator's), not the number of buckets.
 func (c collector) Collect(ch chan<- prometheus.Metric) {
-	type agg struct {
-		proxies, buckets int
-		assigned, demand float64
-	}
-	type ruleKey struct{ domain, rule string }
-	aggs := map[ruleKey]*agg{}
-	streams := c.s.snapshotStreams()
-	for _, st := range streams {
-		st.mu.Lock()
-		counted := map[ruleKey]bool{}
-		for _, b := range st.buckets {
-			k := ruleKey{domainLabel(b.rules, st.domain), ruleName(b.pol.rule)}
-			a := aggs[k]
-			if a == nil {
-				a = &agg{}
-				aggs[k] = a
-			}
-			if !counted[k] {
-				counted[k] = true
-				a.proxies++
-			}
-			a.buckets++
-			a.demand += b.demand
-			if b.sent && !b.allowAll && b.pol.lim.PeriodMs > 0 {
-				a.assigned += float64(b.share.Rate) * 1000 / float64(b.pol.lim.PeriodMs)
-			}
-		}
-		st.mu.Unlock()
-	}
-	ch <- prometheus.MustNewConstMetric(streamsDesc, prometheus.GaugeValue, float64(len(streams)))
-	if m, ok := c.s.store.(*Memory); ok {
+	s := c.s
+	s.mu.Lock()
+	streams, subs, idBytes := len(s.streams), s.subs, s.idBytes
+	s.mu.Unlock()
+	ch <- prometheus.MustNewConstMetric(streamsDesc, prometheus.GaugeValue, float64(streams))
+	ch <- prometheus.MustNewConstMetric(totalBucketsDesc, prometheus.GaugeValue, float64(subs))
+	ch <- prometheus.MustNewConstMetric(bucketBytesDesc, prometheus.GaugeValue, float64(idBytes))
+	if m, ok := s.store.(*Memory); ok {
 		ch <- prometheus.MustNewConstMetric(storeDesc, prometheus.GaugeValue, float64(m.Len()))
 	}
-	for k, a := range aggs {
+	s.aggMu.Lock()
+	defer s.aggMu.Unlock()
+	for k, a := range s.aggs {
 		ch <- prometheus.MustNewConstMetric(proxiesDesc, prometheus.GaugeValue, float64(a.proxies), k.domain, k.rule)
 		ch <- prometheus.MustNewConstMetric(bucketsDesc, prometheus.GaugeValue, float64(a.buckets), k.domain, k.rule)
-		ch <- prometheus.MustNewConstMetric(assignedDesc, prometheus.GaugeValue, a.assigned, k.domain, k.rule)
-		ch <- prometheus.MustNewConstMetric(demandDesc, prometheus.GaugeValue, a.demand, k.domain, k.rule)
+		ch <- prometheus.MustNewConstMetric(assignedDesc, prometheus.GaugeValue, float64(a.assigned)/micro, k.domain, k.rule)
+		ch <- prometheus.MustNewConstMetric(demandDesc, prometheus.GaugeValue, float64(a.demand)/micro, k.domain, k.rule)
+	}
+}
+
+// aggKey is a metric's labels: a domain label and a rule name.
+type aggKey struct{ domain, rule string }
+
+// agg is one rule's gauges: proxies (streams with a bucket of it), buckets, and the rates
+// assigned and demanded, in millionths of a request per second, summed exactly.
+type agg struct {
+	proxies, buckets int
+	assigned, demand int64
+}
+
+// micro is the unit of agg's rates: a millionth of a request per second.
+const micro = 1e6
+
+// toMicro is a rate in millionths, bounded so that sums of many cannot overflow.
+func toMicro(v float64) int64 {
+	if !(v > 0) {
+		return 0
+	}
+	return int64(math.Round(min(v, 1e9) * micro))
+}
+
+// tally counts b, as it is now, in the per-rule gauges; untally takes it out. Every change of
+// what they read (the rule, the demand, the share sent) is made between the two. st.mu must be
+// held.
+func (s *Server) tally(st *stream, b *streamBucket) { s.tallyBy(st, b, 1) }
+
+func (s *Server) untally(st *stream, b *streamBucket) { s.tallyBy(st, b, -1) }
+
+func (s *Server) tallyBy(st *stream, b *streamBucket, sign int) {
+	if b.tallied == (sign > 0) || b.rules == nil && sign > 0 {
+		return
+	}
+	b.tallied = sign > 0
+	k := aggKey{domainLabel(b.rules, st.domain), ruleName(b.pol.rule)}
+	var assigned int64
+	if b.sent && !b.allowAll && b.pol.lim.PeriodMs > 0 {
+		assigned = toMicro(float64(b.share.Rate) * 1000 / float64(b.pol.lim.PeriodMs))
+	}
+	s.aggMu.Lock()
+	defer s.aggMu.Unlock()
+	a := s.aggs[k]
+	if a == nil {
+		a = &agg{}
+		s.aggs[k] = a
+	}
+	if st.tallies == nil {
+		st.tallies = map[aggKey]int{}
+	}
+	st.tallies[k] += sign
+	switch n := st.tallies[k]; {
+	case n == 0:
+		delete(st.tallies, k)
+		a.proxies--
+	case n == 1 && sign > 0:
+		a.proxies++
+	}
+	a.buckets += sign
+	a.assigned += int64(sign) * assigned
+	a.demand += int64(sign) * toMicro(b.demand)
+	if a.buckets == 0 {
+		delete(s.aggs, k)
 	}
 }
 
@@ -119,15 +175,31 @@ func strategyName(b *streamBucket) string {
 	return "token_bucket"
 }
 
-// AssignmentsHandler serves GET /debug/rlqs: every assignment this replica's streams hold,
-// by domain, bucket and proxy.
+// AssignmentsHandler serves GET /debug/rlqs[?limit=N]: the assignments this replica's streams
+// hold, by domain, bucket and proxy; at most N of them (DefaultDebugBuckets unless asked for
+// fewer, or more up to maxDebugBuckets), with "buckets" saying how many there are in all and
+// "truncated" whether some were left out. Its cost is bounded by N and the streams, not by the
+// buckets.
 func (s *Server) AssignmentsHandler() http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		var out []assignmentJSON
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		limit := DefaultDebugBuckets
+		if v := r.URL.Query().Get("limit"); v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 || n > maxDebugBuckets {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("limit %q: want 0 to %d", v, maxDebugBuckets)})
+				return
+			}
+			limit = n
+		}
+		out := []assignmentJSON{}
 		for _, st := range s.snapshotStreams() {
 			st.mu.Lock()
 			for _, b := range st.buckets {
-				a := assignmentJSON{Proxy: st.id, Domain: st.domain, Bucket: b.id.String(), Rule: ruleName(b.pol.rule),
+				if len(out) >= limit {
+					break
+				}
+				_, id, _ := entries(b.key)
+				a := assignmentJSON{Proxy: st.id, Domain: st.domain, Bucket: id.String(), Rule: ruleName(b.pol.rule),
 					Demand: b.demand, Strategy: strategyName(b), SentAt: b.sentAt}
 				if b.pol.rule != nil {
 					a.Source = b.pol.rule.Source
@@ -138,13 +210,23 @@ func (s *Server) AssignmentsHandler() http.Handler {
 				out = append(out, a)
 			}
 			st.mu.Unlock()
+			if len(out) >= limit {
+				break
+			}
 		}
 		slices.SortFunc(out, func(a, b assignmentJSON) int {
 			return cmp.Or(strings.Compare(a.Domain, b.Domain), strings.Compare(a.Bucket, b.Bucket), strings.Compare(a.Proxy, b.Proxy))
 		})
-		writeJSON(w, http.StatusOK, map[string]any{"ttl": s.ttl.String(), "streams": s.Streams(), "assignments": out})
+		s.mu.Lock()
+		streams, subs := len(s.streams), s.subs
+		s.mu.Unlock()
+		writeJSON(w, http.StatusOK, map[string]any{"ttl": s.ttl.String(), "streams": streams, "buckets": subs,
+			"truncated": len(out) < subs, "assignments": out})
 	})
 }
+
+// maxDebugBuckets is the most assignments /debug/rlqs lists at once.
+const maxDebugBuckets = 100000
 
 type explainProxyJSON struct {
 	Proxy        string    `json:"proxy"`
@@ -207,7 +289,7 @@ func (s *Server) ExplainHandler() http.Handler {
 			writeJSON(w, http.StatusOK, out)
 			return
 		}
-		out["limit"] = map[string]any{"rate": pol.lim.Rate, "period": ttlDuration(pol.lim.PeriodMs).String(), "burst": pol.lim.Burst, "name": pol.limit.Name}
+		out["limit"] = map[string]any{"rate": pol.lim.Rate, "period": ttlDuration(pol.lim.PeriodMs).String(), "burst": pol.lim.Burst, "name": rule.Limits[pol.index].Name}
 		state, err := s.store.Peek(r.Context(), id.key(domain))
 		if err != nil {
 			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})

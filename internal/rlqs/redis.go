@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"context"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"strconv"
@@ -36,8 +37,12 @@ const maxTxRetries = 20
 // errContended is returned when a bucket changed under every attempt.
 var errContended = errors.New("rlqs: redis: bucket contended; try again")
 
-// key is bucket's hash; the braces keep it to one slot of a Cluster.
-func (r *Redis) key(bucket string) string { return r.prefix + "rlqs:{" + bucket + "}" }
+// key is bucket's hash in Redis: named by the digest of its id, in hex, so that no client text
+// is in a key (nor in a Cluster hash tag: a bucket is one key, which is one slot anyway).
+func (r *Redis) key(bucket string) string {
+	d := digest(bucket)
+	return r.prefix + "rlqs:" + hex.EncodeToString(d[:])
+}
 
 // Assign implements Store.
 func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, seen Seen, now, ttlMs int64) (Decision, error) {
@@ -52,6 +57,10 @@ func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, see
 		before := b.budget
 		b.advance(lim, now)
 		gone := b.prune(now)
+		if b.full(proxy, lim) {
+			d = Decision{Refused: true}
+			return nil
+		}
 		noted := b.note(proxy, seen, now)
 		spent := b.budget
 		d = b.decide(proxy, lim, now, ttlMs, seen.Report)

@@ -2,6 +2,7 @@ package rlqs
 
 import (
 	"context"
+	"crypto/sha256"
 	"maps"
 	"slices"
 	"sync"
@@ -46,29 +47,52 @@ type Announcer interface {
 }
 
 // Memory is a Store in this process. It is safe for concurrent use.
+//
+// Buckets are kept by a digest of their id (see digest), so that what a bucket leaves behind
+// once its streams end (holds until they expire, a budget still refilling) is a few dozen bytes
+// whatever the size of its id.
 type Memory struct {
 	mu        sync.Mutex
-	buckets   map[string]*bucketState
+	buckets   map[[digestSize]byte]*bucketState
 	lastSweep int64
+	// maxKept, when not 0, bounds the buckets kept: past it, each sweep forgets buckets that
+	// no proxy counts in or holds anything of (their spent budgets: each then has its whole
+	// burst again, which a bucket seen for the first time has anyway), so that streams that
+	// come and go with new ids cannot grow the store for as long as a budget takes to refill.
+	maxKept int
 }
 
 var _ Store = (*Memory)(nil)
 
 // NewMemory returns an empty Memory store.
-func NewMemory() *Memory { return &Memory{buckets: map[string]*bucketState{}} }
+func NewMemory() *Memory { return &Memory{buckets: map[[digestSize]byte]*bucketState{}} }
+
+// digestSize is the bytes of a bucket id's digest: 128 bits of SHA-256.
+const digestSize = 16
+
+// digest is what the stores keep a bucket by: its id's SHA-256, cut to digestSize bytes, so
+// that no client text is kept in the store or put in a Redis key.
+func digest(bucket string) [digestSize]byte {
+	sum := sha256.Sum256([]byte(bucket))
+	return [digestSize]byte(sum[:digestSize])
+}
 
 // Assign implements Store.
 func (m *Memory) Assign(_ context.Context, bucket, proxy string, lim Limit, seen Seen, now, ttlMs int64) (Decision, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sweepLocked(now)
-	b := m.buckets[bucket]
+	k := digest(bucket)
+	b := m.buckets[k]
 	if b == nil {
 		b = newBucketState()
-		m.buckets[bucket] = b
+		m.buckets[k] = b
 	}
 	b.advance(lim, now)
 	b.prune(now)
+	if b.full(proxy, lim) {
+		return Decision{Refused: true}, nil
+	}
 	b.note(proxy, seen, now)
 	return b.decide(proxy, lim, now, ttlMs, seen.Report), nil
 }
@@ -78,7 +102,8 @@ func (m *Memory) Leave(_ context.Context, bucket, proxy string, now int64) error
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sweepLocked(now)
-	b := m.buckets[bucket]
+	k := digest(bucket)
+	b := m.buckets[k]
 	if b == nil {
 		return nil
 	}
@@ -88,7 +113,7 @@ func (m *Memory) Leave(_ context.Context, bucket, proxy string, now int64) error
 	b.advance(b.lim, now)
 	b.prune(now)
 	if b.empty(now) {
-		delete(m.buckets, bucket)
+		delete(m.buckets, k)
 	}
 	return nil
 }
@@ -120,6 +145,17 @@ func (m *Memory) sweepAllLocked(now int64) {
 			delete(m.buckets, k)
 		}
 	}
+	if m.maxKept <= 0 {
+		return
+	}
+	for k, b := range m.buckets {
+		if len(m.buckets) <= m.maxKept {
+			break
+		}
+		if len(b.proxies) == 0 {
+			delete(m.buckets, k)
+		}
+	}
 }
 
 // Len is the number of buckets kept.
@@ -134,7 +170,7 @@ func (m *Memory) Peek(_ context.Context, bucket string) (map[string]proxyState, 
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := map[string]proxyState{}
-	if b := m.buckets[bucket]; b != nil {
+	if b := m.buckets[digest(bucket)]; b != nil {
 		for id, p := range b.proxies {
 			out[id] = *p
 		}

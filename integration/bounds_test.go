@@ -209,6 +209,33 @@ func TestGRPCMaxCalls(t *testing.T) {
 	}
 }
 
+// With RLQS served, gRPC's one bound on messages is --rlqs-max-report-bytes (usage reports
+// are larger than requests), and --max-request-bytes still holds for ShouldRateLimit.
+func TestMaxRequestBytesWithRLQS(t *testing.T) {
+	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"hard.yaml": svcRules}), "--rlqs", "--max-request-bytes", "4096")
+	conn, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	for _, tc := range []struct {
+		size int
+		code codes.Code
+		want string
+	}{
+		{4096, codes.InvalidArgument, "descriptors: at most 64"},
+		{4098, codes.ResourceExhausted, "a request of 4098 bytes: at most 4096 (--max-request-bytes)"},
+		{2 << 20, codes.ResourceExhausted, "larger than max"},
+	} {
+		msg := emptyDescriptors(tc.size) // sizes are even: the domain's 6 bytes, 2 a descriptor
+		var out []byte
+		err := conn.Invoke(ctxT(t), "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &msg, &out, grpc.ForceCodecV2(svcRawCodec{}))
+		if status.Code(err) != tc.code || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%d bytes: %v, want %v %q", len(msg), err, tc.code, tc.want)
+		}
+	}
+}
+
 func TestOverrideCannotResetMonthlyWindow(t *testing.T) {
 	r := redistest.Start(t)
 	rules := writeRules(t, map[string]string{"m.yaml": `

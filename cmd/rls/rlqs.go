@@ -21,11 +21,12 @@ import (
 
 // rlqsConfig holds the Rate Limit Quota Service's flags.
 type rlqsConfig struct {
-	enabled       bool
-	ttl           time.Duration
-	tick          time.Duration
-	maxBuckets    int
-	subsecondTTLs bool
+	enabled        bool
+	maxReportBytes int
+	ttl            time.Duration
+	tick           time.Duration
+	maxBuckets     int
+	subsecondTTLs  bool
 	// The bounds of all streams together.
 	maxStreams, maxTotalBuckets, maxProxies int
 	maxBucketBytes                          int64
@@ -36,6 +37,8 @@ type rlqsConfig struct {
 func rlqsFlags(fs *flag.FlagSet) *rlqsConfig {
 	rc := &rlqsConfig{}
 	fs.BoolVar(&rc.enabled, "rlqs", false, "serve Envoy's Rate Limit Quota Service (StreamRateLimitQuotas, for the rate_limit_quota filter) on --grpc-addr; off unless asked for, as a ShouldRateLimit deployment needs none of it")
+	fs.IntVar(&rc.maxReportBytes, "rlqs-max-report-bytes", 1<<20,
+		"RLQS: largest usage report accepted (a larger one ends its stream with RESOURCE_EXHAUSTED). gRPC bounds every method's messages alike, so with --rlqs this is also the bound to which a ShouldRateLimit message is read before --max-request-bytes refuses it")
 	fs.DurationVar(&rc.ttl, "rlqs-assignment-ttl", rlqs.DefaultTTL,
 		"RLQS: time to live of every quota assignment: how long a proxy enforces its share without hearing from rls, and how long a vanished proxy's share stays held (a few of the filter's reporting intervals)")
 	fs.DurationVar(&rc.tick, "rlqs-tick", rlqs.DefaultTick,
@@ -65,6 +68,8 @@ func (rc *rlqsConfig) validate() error {
 		return nil
 	}
 	switch {
+	case rc.maxReportBytes < 1024:
+		return fmt.Errorf("%w: --rlqs-max-report-bytes %d: want at least 1024", errUsage, rc.maxReportBytes)
 	case rc.ttl <= 0:
 		return fmt.Errorf("%w: --rlqs-assignment-ttl %v: want a positive whole number of seconds", errUsage, rc.ttl)
 	case !rc.subsecondTTLs && (rc.ttl < time.Second || rc.ttl%time.Second != 0):

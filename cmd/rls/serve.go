@@ -368,7 +368,7 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 		grpc.MaxConcurrentStreams(uint32(min(c.maxStreams, math.MaxUint32))),
 		grpc.MaxHeaderListSize(grpcMaxHeaderBytes),
 		// A larger message is refused from its length prefix, before it is read.
-		grpc.MaxRecvMsgSize(c.bounds.maxRequestBytes),
+		grpc.MaxRecvMsgSize(c.maxRecvMsgSize()),
 		// Fixed flow-control windows, where gRPC's default grows them with the bandwidth it
 		// measures (up to 16 MiB): a client can then send no more than a window past what rls
 		// has read, so a refused message costs rls 64 KiB of reading, not all of it.
@@ -379,7 +379,7 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 		grpc.ChainStreamInterceptor(recovery.StreamServerInterceptor(recovered)),
 		// Decodes requests without protobuf's UTF-8 check, so that validation answers invalid
 		// UTF-8 InvalidArgument instead of the codec answering INTERNAL.
-		grpc.ForceServerCodecV2(service.Codec()),
+		grpc.ForceServerCodecV2(service.CodecMax(c.bounds.maxRequestBytes)),
 	}, extra...)
 	if c.streamWorkers > 0 {
 		// A new goroutine per call grows its stack to what the handler needs on every call
@@ -401,6 +401,16 @@ func newGRPCServer(c serveConfig, log *slog.Logger, interceptors []grpc.UnarySer
 		opts = append(opts, creds)
 	}
 	return grpc.NewServer(opts...), nil
+}
+
+// maxRecvMsgSize is the gRPC server's bound on a message: --max-request-bytes, or with RLQS
+// served --rlqs-max-report-bytes when larger (gRPC has one bound for every method). A
+// ShouldRateLimit request past --max-request-bytes is then refused by the codec, once read.
+func (c serveConfig) maxRecvMsgSize() int {
+	if c.rlqs != nil && c.rlqs.enabled {
+		return max(c.bounds.maxRequestBytes, c.rlqs.maxReportBytes)
+	}
+	return c.bounds.maxRequestBytes
 }
 
 // The flow-control windows: one call's (gRPC's least) and one connection's. Envoy's requests

@@ -393,3 +393,23 @@ func TestInflightBound(t *testing.T) {
 }
 
 func memSlice(b []byte) mem.BufferSlice { return mem.BufferSlice{mem.SliceBuffer(b)} }
+
+// CodecMax refuses a request over its bound before decoding it, RESOURCE_EXHAUSTED as gRPC's
+// own bound answers, for servers whose gRPC bound is higher for RLQS's sake.
+func TestCodecMax(t *testing.T) {
+	b := wireRequest(wireDescriptor(wireEntry("key", strings.Repeat("v", 2000))))
+	in := boundedRequest{req: new(rlsv3.RateLimitRequest)}
+	if err := CodecMax(1024).Unmarshal(memSlice(b), &in); err != nil {
+		t.Fatal(err)
+	}
+	if want := fmt.Sprintf("a request of %d bytes: at most 1024 (--max-request-bytes)", len(b)); status.Code(in.err) != codes.ResourceExhausted || status.Convert(in.err).Message() != want {
+		t.Fatalf("got %v, want ResourceExhausted %q", in.err, want)
+	}
+	if in.req.GetDomain() != "" {
+		t.Fatalf("decoded %v", in.req)
+	}
+	in = boundedRequest{req: new(rlsv3.RateLimitRequest)}
+	if err := CodecMax(len(b)).Unmarshal(memSlice(b), &in); err != nil || in.err != nil || in.req.GetDomain() != "api" {
+		t.Fatalf("at the bound: %v %v %v", err, in.err, in.req)
+	}
+}

@@ -24,7 +24,17 @@ import (
 // per server with grpc.ForceServerCodecV2(service.Codec()); it is not registered globally.
 func Codec() encoding.CodecV2 { return codec{base: encoding.GetCodecV2(grpcproto.Name)} }
 
-type codec struct{ base encoding.CodecV2 }
+// CodecMax is Codec, except that a RateLimitRequest of more than maxRequest bytes is refused
+// (RESOURCE_EXHAUSTED, through RegisterServer's handler) before it is decoded: for a server
+// whose gRPC bound on messages (grpc.MaxRecvMsgSize) is set higher for another service's sake.
+func CodecMax(maxRequest int) encoding.CodecV2 {
+	return codec{base: encoding.GetCodecV2(grpcproto.Name), maxRequest: maxRequest}
+}
+
+type codec struct {
+	base       encoding.CodecV2
+	maxRequest int // 0: no bound
+}
 
 // Marshal encodes with go-control-plane's vtprotobuf code when the binary is built with
 // -tags vtprotobuf (about 3× faster on a typical response), else with grpc-go's codec.
@@ -49,6 +59,10 @@ func (c codec) Unmarshal(data mem.BufferSlice, v any) error {
 		bounded, m = v, v.req
 	default:
 		return c.base.Unmarshal(data, v)
+	}
+	if n := data.Len(); bounded != nil && c.maxRequest > 0 && n > c.maxRequest {
+		bounded.err = status.Errorf(codes.ResourceExhausted, "a request of %d bytes: at most %d (--max-request-bytes)", n, c.maxRequest)
+		return nil
 	}
 	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
 	defer buf.Free()

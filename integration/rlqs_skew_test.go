@@ -39,7 +39,8 @@ func skewUtilisation(r emuResult, demand []float64, limit float64, total time.Du
 
 // TestRLQSSkewedUtilisation: ten proxies share a bucket of 100/s with skewed demands; the
 // shares they are assigned are used (Σ min(assigned, demand) over min(limit, Σ demand), in the
-// second half of a 10 s run) at least 95%, and never sum to more than the limit.
+// second half of a 10 s run) at least 95%, and never admit more than the limit (and its burst)
+// in any 5 s.
 func TestRLQSSkewedUtilisation(t *testing.T) {
 	rules := writeRules(t, map[string]string{"skew.yaml": rlqsSkewRules})
 	const total, limit = 10 * time.Second, 100.0
@@ -55,13 +56,18 @@ func TestRLQSSkewedUtilisation(t *testing.T) {
 			p := startRLS(t, nil, rlqsArgs("--config", rules)...)
 			run := rlqsRun{domain: "rlqs_skew", bucket: map[string]string{"api_key": "skew"}, interval: rlqsInterval,
 				phases: []phase{{0, tc.demand}}, total: total}
-			util, most := skewUtilisation(run.run(t, []string{p.GRPCAddr}, len(tc.demand)), tc.demand, limit, total)
-			t.Logf("%s: utilisation %.3f, most assigned at once %.0f/s", tc.name, util, most)
+			r := run.run(t, []string{p.GRPCAddr}, len(tc.demand))
+			util, most := skewUtilisation(r, tc.demand, limit, total)
+			// The assignments as the proxies received them can briefly sum above the limit
+			// while shares move (one proxy's raise arriving before another's cut, more so on a
+			// busy machine); what the limit bounds is what they admit.
+			max5 := r.maxWindow(5 * time.Second)
+			t.Logf("%s: utilisation %.3f, most assigned at once as received %.0f/s, most admitted in 5 s %.0f", tc.name, util, most, max5)
 			if util < 0.95 {
 				t.Errorf("utilisation %.3f, want ≥ 0.95", util)
 			}
-			if most > limit {
-				t.Errorf("%.0f/s assigned at once, more than the limit %.0f/s", most, limit)
+			if bound := 5*limit + 20; max5 > bound {
+				t.Errorf("%.0f admitted in a 5 s window, more than the limit and one burst (%.0f)", max5, bound)
 			}
 		})
 	}

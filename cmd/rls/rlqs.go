@@ -124,7 +124,7 @@ func startRLQS(g *grpc.Server, c serveConfig, svc *service.Service, reg promethe
 	s, err := rlqs.New(rlqs.Options{
 		Rules: svc.Rules, Store: store, TTL: rc.ttl, Tick: rc.tick, MaxBuckets: rc.maxBuckets,
 		MaxStreams: rc.maxStreams, MaxTotalBuckets: rc.maxTotalBuckets, MaxBucketBytes: rc.maxBucketBytes,
-		MaxProxiesPerBucket: rc.maxProxies, Domains: domains,
+		MaxProxiesPerBucket: rc.maxProxies, Domains: domains, LogEvery: c.logRepeat,
 		Registerer: reg, Logger: log.With("service", "rlqs"),
 	})
 	if err != nil {

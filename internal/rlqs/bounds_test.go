@@ -1,14 +1,11 @@
 package rlqs
 
 import (
-	"bytes"
-	"log/slog"
 	"maps"
 	"math"
 	"slices"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/rls-project/rls/internal/descriptors"
 )
@@ -137,30 +134,6 @@ func TestMaxProxies(t *testing.T) {
 	}
 	if d, _ := m.Assign(t.Context(), "k", "a", lim, seen, 3, 3000); d.Refused {
 		t.Error("a proxy it has was refused")
-	}
-}
-
-// TestThrottle: warnings of one cause within an interval are one line; the next line, an
-// interval on, says how many were not logged; causes are throttled apart.
-func TestThrottle(t *testing.T) {
-	var buf bytes.Buffer
-	now := time.Unix(1000, 0)
-	th := newThrottle(slog.New(slog.NewTextHandler(&buf, nil)), 10*time.Second, func() time.Time { return now })
-	for range 100 {
-		th.Warn("a", "warning a")
-	}
-	th.Warn("b", "warning b")
-	if n := strings.Count(buf.String(), "warning a"); n != 1 {
-		t.Fatalf("%d lines for 100 warnings of one cause in an interval, want 1:\n%s", n, buf.String())
-	}
-	if !strings.Contains(buf.String(), "warning b") {
-		t.Fatalf("another cause was throttled with the first:\n%s", buf.String())
-	}
-	now = now.Add(10 * time.Second)
-	buf.Reset()
-	th.Warn("a", "warning a")
-	if !strings.Contains(buf.String(), "suppressed=99") {
-		t.Errorf("the line after the interval: %q, want suppressed=99", buf.String())
 	}
 }
 

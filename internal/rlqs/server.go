@@ -29,7 +29,11 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/logthrottle"
 )
+
+// DefaultLogEvery is how often, at most, each kind of warning a client can cause is logged.
+const DefaultLogEvery = 10 * time.Second
 
 // Defaults of Options.
 const (
@@ -116,7 +120,7 @@ type Server struct {
 	assignTimeout time.Duration
 	recheck       time.Duration // how often a tick decides a settled bucket again
 	log           *slog.Logger
-	warn          *throttle
+	warn          *logthrottle.Throttle
 	now           func() time.Time
 	replica       string
 	seq           atomic.Uint64
@@ -195,7 +199,7 @@ func New(opts Options) (*Server, error) {
 	if s.now == nil {
 		s.now = time.Now
 	}
-	s.warn = newThrottle(s.log, cmp.Or(opts.LogEvery, DefaultLogEvery), s.now)
+	s.warn = logthrottle.New(s.log, cmp.Or(opts.LogEvery, DefaultLogEvery))
 	s.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "rls_rlqs_requests_total",
 		Help: "Requests proxies reported per bucket rule, by outcome at the proxy (allowed: admitted, denied).",
@@ -245,6 +249,7 @@ func (s *Server) Close() error {
 		s.stopListen()
 		<-s.listening
 	}
+	s.warn.Close() // what was suppressed since the last line
 	return s.store.Close()
 }
 

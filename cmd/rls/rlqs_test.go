@@ -20,16 +20,16 @@ func TestRLQSFlags(t *testing.T) {
 		want rlqsConfig
 		err  string // part of the error; "" for none
 	}{
-		{"defaults: off", nil, nil, rlqsConfig{enabled: false, ttl: rlqs.DefaultTTL, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets, maxStreams: rlqs.DefaultMaxStreams, maxTotalBuckets: rlqs.DefaultMaxTotalBuckets, maxBucketBytes: rlqs.DefaultMaxBucketBytes, maxProxies: rlqs.DefaultMaxProxiesPerBucket}, ""},
+		{"defaults: off", nil, nil, rlqsConfig{enabled: false, maxReportBytes: 1 << 20, ttl: rlqs.DefaultTTL, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets, maxStreams: rlqs.DefaultMaxStreams, maxTotalBuckets: rlqs.DefaultMaxTotalBuckets, maxBucketBytes: rlqs.DefaultMaxBucketBytes, maxProxies: rlqs.DefaultMaxProxiesPerBucket}, ""},
 		{"all set", []string{"--rlqs", "--rlqs-assignment-ttl", "2s", "--rlqs-tick", "100ms", "--rlqs-max-buckets", "7",
-			"--rlqs-max-streams", "3", "--rlqs-max-total-buckets", "9", "--rlqs-max-bucket-bytes", "1000", "--rlqs-max-proxies-per-bucket", "4", "--rlqs-domains", "a,b"}, nil,
-			rlqsConfig{enabled: true, ttl: 2 * time.Second, tick: 100 * time.Millisecond, maxBuckets: 7, maxStreams: 3, maxTotalBuckets: 9, maxBucketBytes: 1000, maxProxies: 4, domains: "a,b"}, ""},
-		{"from the environment", nil, []string{"RLS_RLQS=true", "RLS_RLQS_ASSIGNMENT_TTL=5s", "RLS_RLQS_TICK=1s"}, rlqsConfig{enabled: true, ttl: 5 * time.Second, tick: time.Second, maxBuckets: rlqs.DefaultMaxBuckets, maxStreams: rlqs.DefaultMaxStreams, maxTotalBuckets: rlqs.DefaultMaxTotalBuckets, maxBucketBytes: rlqs.DefaultMaxBucketBytes, maxProxies: rlqs.DefaultMaxProxiesPerBucket}, ""},
-		{"off", []string{"--rlqs=false", "--rlqs-assignment-ttl", "1500ms"}, nil, rlqsConfig{enabled: false, ttl: 1500 * time.Millisecond, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets, maxStreams: rlqs.DefaultMaxStreams, maxTotalBuckets: rlqs.DefaultMaxTotalBuckets, maxBucketBytes: rlqs.DefaultMaxBucketBytes, maxProxies: rlqs.DefaultMaxProxiesPerBucket}, ""},
+			"--rlqs-max-streams", "3", "--rlqs-max-total-buckets", "9", "--rlqs-max-bucket-bytes", "1000", "--rlqs-max-proxies-per-bucket", "4", "--rlqs-domains", "a,b", "--rlqs-max-report-bytes", "4096"}, nil,
+			rlqsConfig{enabled: true, maxReportBytes: 4096, ttl: 2 * time.Second, tick: 100 * time.Millisecond, maxBuckets: 7, maxStreams: 3, maxTotalBuckets: 9, maxBucketBytes: 1000, maxProxies: 4, domains: "a,b"}, ""},
+		{"from the environment", nil, []string{"RLS_RLQS=true", "RLS_RLQS_ASSIGNMENT_TTL=5s", "RLS_RLQS_TICK=1s"}, rlqsConfig{enabled: true, maxReportBytes: 1 << 20, ttl: 5 * time.Second, tick: time.Second, maxBuckets: rlqs.DefaultMaxBuckets, maxStreams: rlqs.DefaultMaxStreams, maxTotalBuckets: rlqs.DefaultMaxTotalBuckets, maxBucketBytes: rlqs.DefaultMaxBucketBytes, maxProxies: rlqs.DefaultMaxProxiesPerBucket}, ""},
+		{"off", []string{"--rlqs=false", "--rlqs-assignment-ttl", "1500ms"}, nil, rlqsConfig{enabled: false, maxReportBytes: 1 << 20, ttl: 1500 * time.Millisecond, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets, maxStreams: rlqs.DefaultMaxStreams, maxTotalBuckets: rlqs.DefaultMaxTotalBuckets, maxBucketBytes: rlqs.DefaultMaxBucketBytes, maxProxies: rlqs.DefaultMaxProxiesPerBucket}, ""},
 		{"sub-second ttl", []string{"--rlqs", "--rlqs-assignment-ttl", "300ms"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 300ms: want a whole number of seconds ≥ 1s"},
 		{"fractional ttl", []string{"--rlqs", "--rlqs-assignment-ttl", "1.5s"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 1.5s: want a whole number of seconds ≥ 1s"},
 		{"sub-second ttl for tests", []string{"--rlqs", "--rlqs-assignment-ttl", "300ms", "--rlqs-testing-subsecond-ttl"}, nil,
-			rlqsConfig{enabled: true, ttl: 300 * time.Millisecond, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets, maxStreams: rlqs.DefaultMaxStreams, maxTotalBuckets: rlqs.DefaultMaxTotalBuckets, maxBucketBytes: rlqs.DefaultMaxBucketBytes, maxProxies: rlqs.DefaultMaxProxiesPerBucket, subsecondTTLs: true}, ""},
+			rlqsConfig{enabled: true, maxReportBytes: 1 << 20, ttl: 300 * time.Millisecond, tick: rlqs.DefaultTick, maxBuckets: rlqs.DefaultMaxBuckets, maxStreams: rlqs.DefaultMaxStreams, maxTotalBuckets: rlqs.DefaultMaxTotalBuckets, maxBucketBytes: rlqs.DefaultMaxBucketBytes, maxProxies: rlqs.DefaultMaxProxiesPerBucket, subsecondTTLs: true}, ""},
 		{"sub-millisecond ttl for tests", []string{"--rlqs", "--rlqs-assignment-ttl", "500us", "--rlqs-testing-subsecond-ttl"}, nil, rlqsConfig{}, "want at least 1ms"},
 		{"zero ttl", []string{"--rlqs", "--rlqs-assignment-ttl", "0s"}, nil, rlqsConfig{}, "--rlqs-assignment-ttl 0s: want a positive"},
 		{"negative ttl", []string{"--rlqs", "--rlqs-assignment-ttl", "-1s", "--rlqs-testing-subsecond-ttl"}, nil, rlqsConfig{}, "want a positive"},
@@ -40,6 +40,7 @@ func TestRLQSFlags(t *testing.T) {
 		{"negative bucket bytes", []string{"--rlqs", "--rlqs-max-bucket-bytes", "-1"}, nil, rlqsConfig{}, "--rlqs-max-bucket-bytes -1: want at least 1"},
 		{"zero proxies", []string{"--rlqs", "--rlqs-max-proxies-per-bucket", "0"}, nil, rlqsConfig{}, "--rlqs-max-proxies-per-bucket 0: want at least 1"},
 		{"empty domain", []string{"--rlqs", "--rlqs-domains", "a,,b"}, nil, rlqsConfig{}, `--rlqs-domains "a,,b": an empty domain`},
+		{"small report bound", []string{"--rlqs", "--rlqs-max-report-bytes", "100"}, nil, rlqsConfig{}, "--rlqs-max-report-bytes 100: want at least 1024"},
 		{"not a duration", []string{"--rlqs-tick", "often"}, nil, rlqsConfig{}, "often"},
 	}
 	for _, tc := range tests {

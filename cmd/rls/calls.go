@@ -10,6 +10,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 )
@@ -57,24 +58,51 @@ func newCallLimit(max int64, reg prometheus.Registerer) ([]grpc.ServerOption, er
 			return nil, err
 		}
 	}
-	return []grpc.ServerOption{grpc.InTapHandle(l.tap)}, nil
+	return []grpc.ServerOption{grpc.InTapHandle(l.tap), grpc.StatsHandler(callEnds{l})}, nil
 }
 
 // errTooManyCalls is the answer to a call past the bound.
 var errTooManyCalls = status.Error(codes.Unavailable, "rls overloaded: too many calls open (--grpc-max-calls)")
 
-// tap runs as a call opens, before its message is read. A call it lets in is counted open
-// until its context ends, which gRPC does whenever the call ends, however it ends (answered,
-// canceled, reset, or aborted before a handler ran).
+// tap runs as a call opens, before its message is read, and refuses a ShouldRateLimit call
+// while the bound's calls are open. A call counts as open from its stats.Begin, which gRPC
+// emits before it reads the call's message, to its stats.End, both on the call's own goroutine:
+// a call aborted before it began is never counted, so none is counted for ever. Calls that
+// opened at once may pass the bound together, by at most one a connection (each connection's
+// calls open one after another).
 func (l *callLimit) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if info.FullMethodName != rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
-		return ctx, nil
-	}
-	if l.open.Add(1) > l.max {
-		l.open.Add(-1)
+	if info.FullMethodName == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName && l.open.Load() >= l.max {
 		l.refused.Inc()
 		return nil, errTooManyCalls
 	}
-	context.AfterFunc(ctx, func() { l.open.Add(-1) })
 	return ctx, nil
+}
+
+// callEnds is the stats handler that counts ShouldRateLimit calls open.
+type callEnds struct{ l *callLimit }
+
+type countedKey struct{}
+
+func (callEnds) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
+	if info.FullMethodName == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
+		return context.WithValue(ctx, countedKey{}, true)
+	}
+	return ctx
+}
+func (callEnds) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+func (callEnds) HandleConn(context.Context, stats.ConnStats) {}
+
+func (e callEnds) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	switch s.(type) {
+	case *stats.Begin:
+		if ctx.Value(countedKey{}) != nil {
+			e.l.open.Add(1)
+		}
+	case *stats.End:
+		if ctx.Value(countedKey{}) != nil {
+			e.l.open.Add(-1)
+		}
+	}
 }

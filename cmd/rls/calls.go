@@ -67,9 +67,9 @@ var errTooManyCalls = status.Error(codes.Unavailable, "rls overloaded: too many 
 // tap runs as a call opens, before its message is read, and refuses a ShouldRateLimit call
 // while the bound's calls are open. A call counts as open from its stats.Begin, which gRPC
 // emits before it reads the call's message, to its stats.End, both on the call's own goroutine:
-// a call aborted before it began is never counted, so none is counted for ever. Calls that
-// opened at once may pass the bound together, by at most one a connection (each connection's
-// calls open one after another).
+// a call aborted before it began is never counted, so none is counted for ever. A call is
+// counted once its handler starts, after the tap let it in, so calls opening in a burst may
+// pass the bound together by as many as opened before the first of them started.
 func (l *callLimit) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
 	if info.FullMethodName == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName && l.open.Load() >= l.max {
 		l.refused.Inc()

@@ -213,3 +213,20 @@ func TestMemoryMaxKept(t *testing.T) {
 		t.Errorf("%d buckets kept after the holds ended, want maxKept (2)", n)
 	}
 }
+
+// TestDemandFallFollowed: a proxy at 270/s whose demand falls to 20/s in the middle of a
+// report is seen at 20/s by the report after the straddling one, not decayed towards it over
+// several as when the straddling report was averaged in.
+func TestDemandFallFollowed(t *testing.T) {
+	var w demandWindow
+	for range 20 {
+		w.estimate(81, 0.3) // 270/s
+	}
+	w.estimate(20, 0.3) // straddles the fall
+	if got := w.estimate(6, 0.3); got != 20 {
+		t.Fatalf("the first report all after the fall: %.1f/s, want 20", got)
+	}
+	if got := w.estimate(6, 0.3); got != 20 {
+		t.Fatalf("the next: %.1f/s, want 20", got)
+	}
+}

@@ -612,8 +612,12 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 }
 
 // demandWindow is what a stream's reports of a bucket say of its demand: the requests and
-// seconds of the recent reports that agree with one another.
-type demandWindow struct{ n, secs float64 }
+// seconds of the recent reports that agree with one another. changed: the window holds only
+// the report that began a change of demand, not yet confirmed by the next.
+type demandWindow struct {
+	n, secs float64
+	changed bool
+}
 
 // maxWindow is the most seconds of reports a demand estimate averages.
 const maxWindow = 5.0
@@ -623,19 +627,24 @@ const maxWindow = 5.0
 // requests) is averaged with the last maxWindow seconds of reports, so that a small proxy
 // whose reports count 1 or 2 requests is seen wanting its steady rate, not half or twice it
 // by turns; one beyond it is a change of demand and is taken whole at once, as shares must
-// follow a shift within a report or two.
+// follow a shift within a report or two. The report that shows a change mostly straddles it
+// (part old demand, part new), so the one after it is averaged with it only if it is within
+// one standard deviation (√expected, at least 1 request); else it too is taken whole: a
+// proxy whose demand fell from 270/s to 20/s is seen at 20/s by its second report, where
+// averaging the straddling report in decayed over several.
 func (w *demandWindow) estimate(n, secs float64) float64 {
 	if w.secs > 0 {
 		expected := w.n / w.secs * secs
-		if math.Abs(n-expected) <= 3*math.Sqrt(expected)+3 {
-			w.n, w.secs = w.n+n, w.secs+secs
+		dev := math.Abs(n - expected)
+		if dev <= 3*math.Sqrt(expected)+3 && (!w.changed || dev <= max(math.Sqrt(expected), 1)) {
+			w.n, w.secs, w.changed = w.n+n, w.secs+secs, false
 			if w.secs > maxWindow {
 				w.n, w.secs = w.n*maxWindow/w.secs, maxWindow
 			}
 			return w.n / w.secs
 		}
 	}
-	w.n, w.secs = n, secs
+	w.n, w.secs, w.changed = n, secs, w.secs > 0
 	return n / secs
 }
 

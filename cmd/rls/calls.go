@@ -15,10 +15,11 @@ import (
 	"google.golang.org/grpc/tap"
 )
 
-// defaultGRPCMaxCalls is the default of --grpc-max-calls: with --max-request-bytes's default
-// (64 KiB) the messages being received hold at most 128 MiB, where Envoy's requests of a few
-// hundred bytes take about 1 MB at this many calls.
-const defaultGRPCMaxCalls = 2048
+// defaultGRPCMaxCalls is the default of --grpc-max-calls: no bound. Counting calls takes a
+// stats handler, whose work on every call kept an ordinary caller beside a flood of callers
+// with 1 ms deadlines past its own deadline now and then on 2 CPUs, so it is asked for where
+// the memory budget needs it (the Kubernetes manifest: 1024).
+const defaultGRPCMaxCalls = 0
 
 // callLimit bounds the ShouldRateLimit calls open at once in the whole process, over every
 // connection. gRPC reads a call's message whole before any handler or interceptor runs, up to
@@ -34,7 +35,7 @@ type callLimit struct {
 
 func callLimitFlags(fs *flag.FlagSet, max *int64) {
 	fs.Int64Var(max, "grpc-max-calls", defaultGRPCMaxCalls,
-		"ShouldRateLimit calls open at once over all gRPC connections (each may hold up to --max-request-bytes while its message arrives); one more is refused UNAVAILABLE as it opens and counted in rls_grpc_calls_refused_total (0: no bound)")
+		"ShouldRateLimit calls open at once over all gRPC connections (each may hold up to --max-request-bytes while its message arrives); one more is refused UNAVAILABLE as it opens and counted in rls_grpc_calls_refused_total (0, the default: no bound; the Kubernetes manifest sets 1024)")
 }
 
 // newCallLimit returns the bound as a server option, its metrics registered on reg; no option

@@ -40,7 +40,7 @@ func redisFlags(fs *flag.FlagSet) *redisConfig {
 	fs.DurationVar(&rc.dialTimeout, "redis-dial-timeout", time.Second, "--backend redis: timeout for connecting to Redis")
 	fs.DurationVar(&rc.readTimeout, "redis-read-timeout", time.Second, "--backend redis: timeout for one socket read or write; a reply slower than this counts as Redis failing")
 	fs.DurationVar(&rc.timeout, "redis-timeout", 50*time.Millisecond,
-		"--backend redis: longest a decision waits for Redis before the failure mode applies; a caller's deadline (Envoy's rate limit timeout, 20ms by default) less a tenth shortens it")
+		"--backend redis: longest a decision waits for Redis before the failure mode applies; a caller's deadline (Envoy's rate limit timeout, 20ms by default) less a quarter (at least 2ms) shortens it")
 	fs.StringVar(&rc.keyPrefix, "redis-key-prefix", "rls:", "--backend redis: prefix of every Redis key")
 	fs.IntVar(&rc.localCacheSize, "redis-local-cache-size", 65536,
 		"--backend redis: keys whose denial this process remembers, answering them without Redis until Redis would admit them again (0 disables)")

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
@@ -19,6 +21,11 @@ type job struct {
 	calls []call  // backing store of p.calls
 	slots []int   // per call: its Cluster slot
 	idx   [][]int // per call: its requests' indices, in batch order
+
+	// Cluster: the calls grouped by the node they go to, each group with its own pending
+	// (pooled in pend), in flight together.
+	groups []group
+	pend   []*pending
 }
 
 func newJob() *job { return &job{p: newPending()} }
@@ -172,12 +179,22 @@ func (j *job) settleCalls(ctx context.Context, b *Backend, reqs []backend.Reques
 	return false, j.undo(ctx, b, reqs)
 }
 
-// undo gives back what the charged calls of a refused batch wrote.
+// undo gives back what the charged calls of a refused batch wrote, on the nodes that charged
+// them.
 func (j *job) undo(ctx context.Context, b *Backend, reqs []backend.Request) error {
-	var cmds []*goredis.Cmd
+	return j.undoWhere(ctx, b, reqs, func(*call) bool { return true })
+}
+
+// undoWhere is undo of the calls that which picks.
+func (j *job) undoWhere(ctx context.Context, b *Backend, reqs []backend.Request, which func(*call) bool) error {
+	type nodeUndo struct {
+		n    *node
+		cmds []*goredis.Cmd
+	}
+	var undos []nodeUndo
 	for k := range j.calls {
 		c := &j.calls[k]
-		if !c.charged || c.err != nil {
+		if !which(c) || !c.charged || c.err != nil {
 			continue
 		}
 		c.charged = false
@@ -189,24 +206,176 @@ func (j *job) undo(ctx context.Context, b *Backend, reqs []backend.Request) erro
 				keys = append(keys, c.keys[n])
 			}
 		}
-		if len(keys) > 0 {
-			cmds = append(cmds, newScriptCmd(undoArgs(script.Hash(), b.nowArg(), keys, vals)))
+		if len(keys) == 0 {
+			continue
 		}
+		n := c.node
+		if n == nil {
+			n = b.single
+		}
+		u := slices.IndexFunc(undos, func(u nodeUndo) bool { return u.n == n })
+		if u < 0 {
+			undos = append(undos, nodeUndo{n: n})
+			u = len(undos) - 1
+		}
+		undos[u].cmds = append(undos[u].cmds, newScriptCmd(undoArgs(script.Hash(), b.nowArg(), keys, vals)))
 	}
-	if len(cmds) == 0 {
-		return nil
+	var wg sync.WaitGroup
+	for _, u := range undos {
+		wg.Go(func() { u.n.observe(u.n.exec(ctx, u.cmds, nil), u.cmds) })
 	}
-	b.observe(b.exec(ctx, cmds), cmds)
+	wg.Wait()
 	var err error
-	for _, c := range cmds {
-		if cerr := c.Err(); cerr != nil && err == nil {
-			err = classify(cerr)
+	for _, u := range undos {
+		for _, c := range u.cmds {
+			if cerr := c.Err(); cerr != nil && err == nil {
+				err = classify(cerr)
+			}
 		}
 	}
 	if err != nil {
 		return fmt.Errorf("undoing the charges of a refused batch: %w", err)
 	}
 	return nil
+}
+
+// sendCluster sends j's calls to the masters of their slots, each node's in its own pipelines,
+// all in flight together, and waits for their replies within budget. A call that finds its
+// slot moved (MOVED, ASK: it ran nothing) is sent once more, to the node the reply names. The
+// decision fails, sending nothing, when a node it needs is known to be down; when some node does
+// not answer in time, it fails too, and the charges the others made are given back in the
+// background. It puts j back in the pool when it is done with it.
+func (b *Backend) sendCluster(ctx context.Context, j *job, reqs []backend.Request, now time.Time, budget time.Duration) error {
+	t := b.topo.Load()
+	if t == nil {
+		b.jobs.Put(j)
+		b.requestReload(reasonNoMap)
+		return errNoSlotMap
+	}
+	if err := j.route(t); err != nil {
+		b.jobs.Put(j)
+		b.requestReload(reasonNodeDown)
+		return err
+	}
+	for _, g := range j.groups {
+		if !g.n.br.allow() {
+			b.jobs.Put(j)
+			return g.n.errOpen
+		}
+	}
+	if budget <= 0 {
+		b.jobs.Put(j)
+		return errShed
+	}
+	deadline := now.Add(budget)
+	for again := false; ; again = true {
+		if err := j.sendGroups(ctx, b, reqs, deadline); err != nil {
+			return err
+		}
+		if again || !j.redirected(b) {
+			break
+		}
+	}
+	return nil
+}
+
+// sendGroups sends the groups of j and waits for them; see sendCluster.
+func (j *job) sendGroups(ctx context.Context, b *Backend, reqs []backend.Request, deadline time.Time) error {
+	for i := range j.groups {
+		g := &j.groups[i]
+		g.res = replied
+		if !g.n.co.submit(g.p, deadline) {
+			g.res = unsent
+		}
+	}
+	var err error
+	abandoned := false
+	for i := range j.groups {
+		g := &j.groups[i]
+		if g.res == replied {
+			g.res = g.n.co.await(g.p, ctx.Done())
+		}
+		switch g.res {
+		case replied:
+			continue
+		case inFlight, canceled:
+			abandoned = true
+		}
+		if err != nil {
+			continue
+		}
+		if g.res == canceled {
+			err = fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
+		} else {
+			err = g.n.ranOut()
+		}
+	}
+	if err == nil {
+		return nil
+	}
+	charged := false
+	for k := range j.calls {
+		charged = charged || j.calls[k].err == nil && j.calls[k].charged
+	}
+	if !charged {
+		if !abandoned {
+			b.jobs.Put(j)
+		}
+		return err
+	}
+	// Some node charged its part of a decision that failed: give it back, out of the caller's
+	// time. Only the replied calls are read: the others may belong to their senders still.
+	out := map[*call]bool{}
+	for _, g := range j.groups {
+		if g.res == inFlight || g.res == canceled {
+			for _, c := range g.p.calls {
+				out[c] = true
+			}
+		}
+	}
+	rs := append([]backend.Request(nil), reqs...)
+	b.bgMu.Lock()
+	if b.bgClosed {
+		b.bgMu.Unlock()
+		return err
+	}
+	b.bg.Add(1)
+	b.bgMu.Unlock()
+	go func() {
+		defer b.bg.Done()
+		ctx, cancel := context.WithTimeout(b.bgCtx, max(b.timeout, time.Second))
+		defer cancel()
+		if uerr := j.undoWhere(ctx, b, rs, func(c *call) bool { return !out[c] }); uerr != nil {
+			b.log.Debug("redis: the charges of a failed decision were not given back", "err", uerr)
+		}
+	}()
+	return err
+}
+
+// redirected regroups the calls of j that found their slot moved (MOVED or ASK: they ran
+// nothing) to the nodes their replies name, and asks for the slot map again. It reports whether
+// there were any.
+func (j *job) redirected(b *Backend) bool {
+	any := false
+	for k := range j.calls {
+		c := &j.calls[k]
+		addr, ask, ok := redirect(c.err)
+		if !ok {
+			continue
+		}
+		if !any {
+			j.groups = j.groups[:0]
+			any = true
+		}
+		if ask {
+			b.requestReload(reasonAsk)
+		} else {
+			b.requestReload(reasonMoved)
+		}
+		c.err, c.asking, c.node = nil, ask, b.nodeFor(addr)
+		j.addToGroup(c.node, c)
+	}
+	return any
 }
 
 // settle returns whether the batch is admitted. The allowed requests under a rate of 0 (refunds)

@@ -86,10 +86,20 @@ const (
 // counted from here would start late on a starved machine and outlast the caller's own
 // deadline.
 func (c *coalescer) do(p *pending, deadline time.Time, done <-chan struct{}) waitResult {
+	if !c.submit(p, deadline) {
+		return unsent
+	}
+	return c.await(p, done)
+}
+
+// submit queues p's calls, to be answered by deadline; it returns false, queueing nothing, once
+// the coalescer is closed. await then waits for them. Between the two a caller may submit other
+// pendings to other coalescers (the nodes of a Cluster), so that they are in flight together.
+func (c *coalescer) submit(p *pending, deadline time.Time) bool {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
-		return unsent
+		return false
 	}
 	p.state = stateQueued
 	p.deadline = deadline
@@ -98,8 +108,14 @@ func (c *coalescer) do(p *pending, deadline time.Time, done <-chan struct{}) wai
 		c.cond.Signal()
 	}
 	c.mu.Unlock()
-
 	p.timer.Reset(time.Until(deadline))
+	return true
+}
+
+// await waits until p's calls, submitted, are answered, their deadline has passed or done is
+// closed. For any result but replied and unsent, p may still belong to its sender: the caller
+// must not reuse it.
+func (c *coalescer) await(p *pending, done <-chan struct{}) waitResult {
 	var res waitResult
 	select {
 	case <-p.wake:

@@ -26,7 +26,7 @@ type Options struct {
 	DialTimeout time.Duration
 	ReadTimeout time.Duration
 	// Timeout caps the budget of a decision (default 50ms). The budget is the caller's deadline
-	// less a margin (a tenth of what is left, at least 1ms), capped by Timeout; without a
+	// less a margin (a quarter of what is left, at least 2ms), capped by Timeout; without a
 	// deadline, Timeout. A decision whose budget passes before Redis answers fails with
 	// backend.ErrOverloaded, and so does one whose deadline leaves no budget at all, at once and
 	// without reaching Redis. Running out of time never opens the breaker by itself: when Redis
@@ -53,6 +53,10 @@ type Options struct {
 	BreakerFailures int
 	BreakerCooldown time.Duration
 	ProbeTimeout    time.Duration
+	// HealthInterval is how often each node is probed and its epoch checked (default 1s; < 0
+	// turns the checks off): a node that went away with no decision to notice it is found, and
+	// a node that lost its data (FLUSHALL, a restart without persistence) is logged and counted.
+	HealthInterval time.Duration
 	// Now is this process's clock (default time.Now), read only for the local cache: decisions
 	// take their time from Redis.
 	Now func() time.Time
@@ -66,8 +70,13 @@ type Options struct {
 
 // Backend is a backend.Backend on Redis. It is safe for concurrent use.
 type Backend struct {
+	// rdb and probe are the clients of the topology: on a single node and Sentinel, the
+	// decisions' and the probe's; on a Cluster, go-redis's ClusterClient, kept for keys'
+	// administration (Reset) with its slot map taken from rls's own, while decisions go
+	// through each master's node.
 	rdb     goredis.UniversalClient
-	probe   goredis.UniversalClient // one connection per node, for the breaker's probes
+	probe   goredis.UniversalClient
+	target  Target
 	cluster bool
 	merge   bool // merge coalesced calls into one script call (single node)
 	prefix  string
@@ -75,18 +84,30 @@ type Backend struct {
 	probeTO time.Duration
 	now     func() time.Time
 	log     *slog.Logger
-	cache   *denials // nil when disabled
-	br      *breaker
-	co      *coalescer
+	cache   *denials  // nil when disabled
 	jobs    sync.Pool // *job
 
-	epoch     time.Time
-	lastReply atomic.Int64 // nanoseconds since epoch when Redis last replied
-	probing   atomic.Bool
+	clientOpts clientOptions
+	nodeCfg    nodeConfig
+	single     *node // single node and Sentinel
 
-	subMu   sync.Mutex
-	subs    map[int]func(bool)
-	nextSub int
+	// Cluster: the slot map and the nodes of every master it has named.
+	topo         atomic.Pointer[topology]
+	nodesMu      sync.Mutex
+	nodes        map[string]*node
+	nodeList     []*node
+	controls     map[string]*goredis.Client
+	reloadCh     chan struct{}
+	reloadReason atomic.Pointer[string]
+	reloads      [numReasons]atomic.Uint64
+
+	epoch  time.Time
+	resets atomic.Uint64 // data losses found
+
+	subMu       sync.Mutex
+	subs        map[int]func(bool)
+	nextSub     int
+	lastHealthy bool // guarded by subMu: the health subscribers last heard
 
 	closeOnce sync.Once
 	cacheHits atomic.Uint64
@@ -104,7 +125,9 @@ type Backend struct {
 	bgClosed       bool
 	bgCtx          context.Context // ends at Close
 	bgCancel       context.CancelFunc
-	bg             sync.WaitGroup // reloadLibrary
+	bg             sync.WaitGroup // reloadLibrary, topologyLoop
+	warnMu         sync.Mutex
+	warnNext       time.Time
 }
 
 var (
@@ -122,10 +145,6 @@ var (
 	// errShed is returned for a decision that ran out of its budget before Redis answered it.
 	errShed = fmt.Errorf("%w: redis: no answer within the budget", backend.ErrOverloaded)
 )
-
-// replyWindow is how long Redis may go without replying, while decisions run out of time,
-// before a probe checks that it still answers.
-const replyWindow = 250 * time.Millisecond
 
 // New connects to Redis as opts says and loads the script. Redis being unreachable is not an
 // error: the backend then starts unavailable and becomes available as soon as Redis answers.
@@ -161,51 +180,80 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("redis backend: %w", err)
 	}
 	co := clientOptions{poolSize: opts.PoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout}
+	setDefault(&opts.HealthInterval, time.Second)
 	b := &Backend{
-		rdb:      newClient(opts.Target, co),
-		probe:    newClient(opts.Target, clientOptions{poolSize: probePoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout, contextTimeout: true}),
-		cluster:  opts.Target.Topology == Cluster,
-		merge:    opts.Coalesce > 0,
-		prefix:   opts.KeyPrefix,
-		timeout:  opts.Timeout,
-		probeTO:  opts.ProbeTimeout,
-		now:      opts.Now,
-		log:      opts.Logger,
-		epoch:    time.Now(),
-		subs:     map[int]func(bool){},
-		evalOnly: opts.evalOnly,
+		target:     opts.Target,
+		cluster:    opts.Target.Topology == Cluster,
+		merge:      opts.Coalesce > 0,
+		prefix:     opts.KeyPrefix,
+		timeout:    opts.Timeout,
+		probeTO:    opts.ProbeTimeout,
+		now:        opts.Now,
+		log:        opts.Logger,
+		epoch:      time.Now(),
+		subs:       map[int]func(bool){},
+		evalOnly:   opts.evalOnly,
+		clientOpts: co,
+		nodes:      map[string]*node{},
+		controls:   map[string]*goredis.Client{},
+		reloadCh:   make(chan struct{}, 1),
+	}
+	b.nodeCfg = nodeConfig{coalesce: opts.Coalesce, senders: opts.CoalescePipelines, failures: opts.BreakerFailures,
+		cooldown: opts.BreakerCooldown, healthInterval: max(opts.HealthInterval, 0)}
+	if opts.Coalesce == 0 {
+		b.nodeCfg.coalesce, b.nodeCfg.senders = 1, opts.PoolSize
+		if b.nodeCfg.senders == 0 {
+			b.nodeCfg.senders = 10 * runtime.GOMAXPROCS(0) // go-redis's default pool size
+		}
 	}
 	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 	if opts.LocalCacheSize > 0 {
 		c, err := newDenials(opts.LocalCacheSize)
 		if err != nil {
-			b.rdb.Close()
-			b.probe.Close()
 			return nil, fmt.Errorf("redis backend: %w", err)
 		}
 		b.cache = c
 	}
 	b.jobs.New = func() any { return newJob() }
-	b.br = newBreaker(opts.BreakerFailures, opts.BreakerCooldown, b.loadScript, b.healthChanged)
-	if opts.Coalesce > 0 {
-		b.co = newCoalescer(b.sendCalls, opts.Coalesce, opts.CoalescePipelines)
-	} else {
-		senders := opts.PoolSize
-		if senders == 0 {
-			senders = 10 * runtime.GOMAXPROCS(0) // go-redis's default pool size
-		}
-		b.co = newCoalescer(b.sendCalls, 1, senders)
-	}
 	lctx, cancel := context.WithTimeout(ctx, opts.DialTimeout)
 	defer cancel()
+	if b.cluster {
+		b.rdb = newClusterClient(opts.Target, co, b.clusterSlots)
+		b.probe = b.rdb
+		b.lastHealthy = false
+		err := b.reloadTopology(lctx)
+		if err == nil {
+			var loaded bool
+			var refused error
+			if loaded, refused, err = b.loadMasters(lctx); err == nil {
+				b.useLibrary(loaded, refused)
+			}
+		}
+		if err != nil {
+			b.log.Warn("redis unavailable at start; deciding nothing until it answers", "redis", opts.Target.String(), "err", err)
+		}
+		b.bg.Add(1)
+		go b.topologyLoop()
+		b.healthChanged()
+		return b, nil
+	}
+	b.rdb = newClient(opts.Target, co)
+	b.probe = newClient(opts.Target, clientOptions{poolSize: probePoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout, contextTimeout: true})
+	name := opts.Target.Addrs[0]
+	if opts.Target.Topology == Sentinel {
+		name = "sentinel:" + opts.Target.Master
+	}
+	b.single = b.newNode(name, b.rdb, b.probe, false)
+	b.lastHealthy = true
 	// Loaded through the main client: its first connection is then open before any decision.
 	if loaded, refused, err := load(lctx, b.rdb, b.libraryWanted()); err != nil {
 		b.log.Warn("redis unavailable at start; deciding nothing until it answers", "redis", opts.Target.String(), "err", err)
-		b.br.trip(err)
+		b.single.br.trip(err)
 	} else {
 		b.useLibrary(loaded, refused)
-		b.lastReply.Store(b.mono())
+		b.single.lastReply.Store(b.mono())
 	}
+	b.single.start()
 	return b, nil
 }
 
@@ -224,52 +272,49 @@ func setDefault[T comparable](v *T, def T) {
 // at the next probe.
 const probePoolSize = 1024
 
-// loadScript puts the script and its library into every master, on the probe's connections; it
-// doubles as the breaker's probe while the breaker is open. It succeeds only once the
-// decisions' client reaches every master too: after failed dials that client's pool may still
-// be answering with its last dial error (see probePoolSize), and a breaker closed then would
-// open again on the first decisions.
-func (b *Backend) loadScript(ctx context.Context) error {
-	loaded, refused, err := load(ctx, b.probe, b.libraryWanted())
-	if err == nil {
-		err = ping(ctx, b.rdb)
-	}
-	if err == nil {
-		b.useLibrary(loaded, refused)
-		b.lastReply.Store(b.mono())
-	}
-	return err
-}
-
-// ping pings every master through c.
-func ping(ctx context.Context, c goredis.UniversalClient) error {
-	if cc, ok := c.(*goredis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, n *goredis.Client) error { return n.Ping(ctx).Err() })
-	}
-	return c.Ping(ctx).Err()
-}
-
 func (b *Backend) mono() int64 { return int64(time.Since(b.epoch)) }
 
-func (b *Backend) healthChanged(healthy bool, cause error) {
-	if healthy {
-		b.log.Info("redis available")
-	} else {
-		b.log.Warn("redis unavailable: circuit breaker open, failing fast and probing", "cause", cause)
-	}
+// healthChanged tells the health subscribers when Healthy changed.
+func (b *Backend) healthChanged() {
 	b.subMu.Lock()
-	subs := make([]func(bool), 0, len(b.subs))
-	for _, f := range b.subs {
-		subs = append(subs, f)
+	defer b.subMu.Unlock()
+	healthy := b.Healthy()
+	if healthy == b.lastHealthy {
+		return
 	}
-	b.subMu.Unlock()
-	for _, f := range subs {
+	b.lastHealthy = healthy
+	for _, f := range b.subs {
 		f(healthy)
 	}
 }
 
-// Healthy implements backend.Health: false while the circuit breaker is open.
-func (b *Backend) Healthy() bool { return b.br.allow() }
+// Healthy implements backend.Health: false while no node answers (on a single node or
+// Sentinel, while its circuit breaker is open; on a Cluster, while no master in the slot map
+// answers, or there is no map).
+func (b *Backend) Healthy() bool {
+	if !b.cluster {
+		return b.single.br.allow()
+	}
+	t := b.topo.Load()
+	return t != nil && b.unavailableSlots(t) < slotCount
+}
+
+// Degraded reports, on a Cluster, how many slots are unavailable while others are served: their
+// master is down, or no master serves them. It is 0 while every slot is served, and while none
+// is (then Healthy is false).
+func (b *Backend) Degraded() int {
+	if !b.cluster {
+		return 0
+	}
+	t := b.topo.Load()
+	if t == nil {
+		return 0
+	}
+	if n := b.unavailableSlots(t); n < slotCount {
+		return n
+	}
+	return 0
+}
 
 // SubscribeHealth implements backend.Health.
 func (b *Backend) SubscribeHealth(f func(healthy bool)) (cancel func()) {
@@ -301,7 +346,7 @@ func (b *Backend) Reset(ctx context.Context, keys []string) error {
 	if len(keys) == 0 {
 		return nil
 	}
-	if !b.br.allow() {
+	if !b.Healthy() {
 		return errOpen
 	}
 	ctx, cancel := context.WithTimeout(ctx, max(b.timeout, time.Second))
@@ -330,20 +375,36 @@ func (b *Backend) CacheHits() uint64 { return b.cacheHits.Load() }
 func (b *Backend) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
-		b.br.close()
-		b.co.close()
 		b.bgMu.Lock()
 		b.bgClosed = true
 		b.bgMu.Unlock()
 		b.bgCancel()
 		b.bg.Wait()
-		err = errors.Join(b.rdb.Close(), b.probe.Close())
+		errs := []error{}
+		if b.single != nil {
+			errs = append(errs, b.single.close())
+		}
+		b.nodesMu.Lock()
+		nodes, controls := b.nodeList, b.controls
+		b.nodesMu.Unlock()
+		for _, n := range nodes {
+			errs = append(errs, n.close())
+		}
+		for _, c := range controls {
+			errs = append(errs, c.Close())
+		}
+		errs = append(errs, b.rdb.Close())
+		if b.probe != b.rdb {
+			errs = append(errs, b.probe.Close())
+		}
+		err = errors.Join(errs...)
 	})
 	return err
 }
 
 // Budget returns how long a decision asked with ctx may take: the caller's deadline less a
-// margin, capped by Options.Timeout.
+// margin (a quarter of what is left, at least 2ms: time for the failure mode's answer to reach
+// the caller before its deadline on a busy machine), capped by Options.Timeout.
 func (b *Backend) Budget(ctx context.Context) time.Duration { return b.budgetAt(ctx, time.Now()) }
 
 // budgetAt is Budget at the instant now.
@@ -353,7 +414,7 @@ func (b *Backend) budgetAt(ctx context.Context, now time.Time) time.Duration {
 		return b.timeout
 	}
 	left := d.Sub(now)
-	return min(b.timeout, left-max(left/10, time.Millisecond))
+	return min(b.timeout, left-max(left/4, 2*time.Millisecond))
 }
 
 // Decide implements backend.Backend.
@@ -381,25 +442,32 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 		b.jobs.Put(j)
 		return settle(reqs, out), nil
 	}
-	if !b.br.allow() {
-		b.jobs.Put(j)
-		return false, errOpen
-	}
 	now := time.Now()
 	budget := b.budgetAt(ctx, now)
-	if budget <= 0 {
-		b.jobs.Put(j)
-		return false, errShed
-	}
-	switch b.co.do(j.p, now.Add(budget), ctx.Done()) {
-	case unsent:
-		b.jobs.Put(j)
-		return false, b.ranOut()
-	case inFlight:
-		// The job may belong to its sender still: leave it.
-		return false, b.ranOut()
-	case canceled:
-		return false, fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
+	if b.cluster {
+		if err := b.sendCluster(ctx, j, reqs, now, budget); err != nil {
+			return false, err
+		}
+	} else {
+		n := b.single
+		if !n.br.allow() {
+			b.jobs.Put(j)
+			return false, n.errOpen
+		}
+		if budget <= 0 {
+			b.jobs.Put(j)
+			return false, errShed
+		}
+		switch n.co.do(j.p, now.Add(budget), ctx.Done()) {
+		case unsent:
+			b.jobs.Put(j)
+			return false, n.ranOut()
+		case inFlight:
+			// The job may belong to its sender still: leave it.
+			return false, n.ranOut()
+		case canceled:
+			return false, fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
+		}
 	}
 	admitted, err := j.settleCalls(ctx, b, reqs, out)
 	b.jobs.Put(j)
@@ -414,49 +482,6 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 		}
 	}
 	return admitted, nil
-}
-
-// ranOut returns the error for a decision whose budget passed before Redis answered it:
-// overload. Whether the time went waiting in this process (CPU, the queue) or on Redis cannot
-// be told from here; a probe on its own connection tells, when Redis has answered nothing for
-// a while, and opens the breaker if Redis is not answering. Until then, a decision that ran out
-// of time counts as overload, not as a Redis failure.
-func (b *Backend) ranOut() error {
-	if time.Duration(b.mono()-b.lastReply.Load()) >= replyWindow {
-		b.kickProbe()
-	}
-	return errShed
-}
-
-// kickProbe pings Redis on the probe's own connection, unless a probe is in flight, and opens
-// the breaker when Redis answers nothing within the probe timeout. A probe says nothing when
-// this process was too starved of CPU to tell: when it returned far later than its timeout,
-// when some other call got a reply meanwhile (Redis answers, this process is slow to read), or
-// when this process's goroutines waited long for a CPU while it ran (the runtime's scheduling
-// latencies).
-func (b *Backend) kickProbe() {
-	if !b.probing.CompareAndSwap(false, true) {
-		return
-	}
-	go func() {
-		defer b.probing.Store(false)
-		start := b.mono()
-		before := schedLatencies()
-		ctx, cancel := context.WithTimeout(context.Background(), b.probeTO)
-		defer cancel()
-		err := ping(ctx, b.probe)
-		took := time.Duration(b.mono() - start)
-		switch {
-		case err == nil:
-			b.lastReply.Store(b.mono())
-		case isReply(err) && !unavailableReply(err):
-			b.lastReply.Store(b.mono())
-		case b.lastReply.Load() > start || took > 2*b.probeTO || starved(before, schedLatencies(), b.probeTO):
-			b.log.Debug("redis probe inconclusive: this process is starved of CPU", "took", took, "err", err)
-		default:
-			b.br.trip(fmt.Errorf("no answer to a probe within %v: %w", b.probeTO, err))
-		}
-	}()
 }
 
 // schedLatencies returns the runtime's histogram of how long goroutines have waited, runnable,

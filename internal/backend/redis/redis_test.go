@@ -210,7 +210,7 @@ func TestScriptMatchesGo(t *testing.T) {
 		}
 		c := &j.calls[0]
 		c.multi = true // also check the check-only values and the change written, for undo
-		b.sendCalls(j.p.calls, time.Now().Add(5*time.Second))
+		b.single.sendCalls(j.p.calls, time.Now().Add(5*time.Second))
 		if c.err != nil {
 			t.Fatalf("%s: %v", desc, c.err)
 		}
@@ -509,7 +509,7 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 			calls = append(calls, c.j.p.calls...)
 			batches = append(batches, c)
 		}
-		b.sendCalls(calls, time.Now().Add(5*time.Second))
+		b.single.sendCalls(calls, time.Now().Add(5*time.Second))
 		for n, c := range batches {
 			want := make([]backend.Decision, len(c.reqs))
 			wantOK, _ := m.Decide(ctx, c.reqs, want)

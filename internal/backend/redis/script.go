@@ -51,144 +51,10 @@ var librarySource = library(functionName)
 // memory) it is loaded again, while calls go as EVALSHA.
 const libraryRetry = time.Second
 
-// sendCalls runs calls in one pipeline (one round trip per node) and gives each its reply or
-// error. On a single node, consecutive calls go out as one merged script call; on a Cluster
-// each call is its own script call, routed by its slot. It reports what Redis did to the
-// breaker: it is the only place that learns whether Redis answers.
-func (b *Backend) sendCalls(calls []*call, deadline time.Time) {
-	if len(calls) == 0 {
-		return
-	}
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
-	var cmds []*goredis.Cmd
-	now := b.nowArg()
-	merged := b.merge && !b.cluster && len(calls) > 1
-	if merged {
-		cmds = append(cmds, newScriptCmd(mergedArgs(script.Hash(), now, calls)))
-	} else {
-		for _, c := range calls {
-			cmds = append(cmds, newScriptCmd(decideArgs(script.Hash(), now, c)))
-		}
-	}
-	b.observe(b.exec(ctx, cmds), cmds)
-	for k, cmd := range cmds {
-		g := calls[k : k+1]
-		if merged {
-			g = calls
-		}
-		if err := cmd.Err(); err != nil {
-			for _, c := range g {
-				c.err = classify(err)
-			}
-			continue
-		}
-		reply, ok := cmd.Val().(string)
-		var derr error
-		switch {
-		case !ok:
-			derr = fmt.Errorf("script reply: %T, want a string", cmd.Val())
-		case merged:
-			derr = decodeMerged(reply, g)
-		default:
-			derr = decodeDecide(reply, g[0])
-		}
-		for _, c := range g {
-			c.err = derr
-		}
-	}
-}
-
 func newScriptCmd(args []any) *goredis.Cmd {
 	c := goredis.NewCmd(context.Background(), args...)
 	c.SetFirstKeyPos(3)
 	return c
-}
-
-// exec sends cmds in one pipeline (one round trip per node), as FCALL while the library is
-// loaded (see librarySource) and as EVALSHA otherwise, and sends again, as EVAL, those that found
-// the script or the library missing: a restart, a failover, SCRIPT FLUSH or FUNCTION FLUSH
-// empties them, and EVAL both runs the script and caches it again. A call that found its script
-// missing, or FCALL refused, ran nothing, so this is safe. A missing library is loaded again in
-// the background; until then calls go as EVALSHA. exec returns the error of the round trip itself (no
-// connection, a timeout), if any; each command carries its own error as well.
-func (b *Backend) exec(ctx context.Context, cmds []*goredis.Cmd) error {
-	fcall := b.fcall.Load()
-	if fcall {
-		for _, c := range cmds {
-			a := c.Args()
-			a[0], a[1] = "fcall", functionName
-		}
-	}
-	if err := b.pipeline(ctx, cmds); err != nil {
-		return err
-	}
-	var again []*goredis.Cmd
-	var lost bool
-	var refused error
-	for i, c := range cmds {
-		err := c.Err()
-		if err == nil {
-			continue
-		}
-		gone := fcall && goredis.HasErrorPrefix(err, "Function not found")
-		refuse := fcall && fcallRefused(err)
-		if refuse {
-			refused = err
-		}
-		if gone || refuse || goredis.HasErrorPrefix(err, "NOSCRIPT") {
-			lost = lost || gone
-			args := append([]any(nil), c.Args()...)
-			args[0], args[1] = "eval", scriptSource
-			cmds[i] = newScriptCmd(args)
-			again = append(again, cmds[i])
-		}
-	}
-	switch {
-	case refused != nil:
-		// A node that took the library knows no FCALL (a proxy, a failover to an older Redis)
-		// or may not run it (an ACL).
-		b.refuseLibrary(refused)
-	case lost:
-		b.reloadLibrary()
-	case !fcall && b.libraryWanted() && b.mono() >= b.libraryNext.Load():
-		b.reloadLibrary()
-	}
-	if len(again) > 0 {
-		return b.pipeline(ctx, again)
-	}
-	return nil
-}
-
-// pipeline sends cmds in one round trip per node; each command carries its own error. It
-// returns the error of the round trip itself, when it failed.
-func (b *Backend) pipeline(ctx context.Context, cmds []*goredis.Cmd) error {
-	if len(cmds) == 1 {
-		if err := b.rdb.Process(ctx, cmds[0]); err != nil {
-			if cmds[0].Err() == nil {
-				cmds[0].SetErr(err)
-			}
-			if !isReply(err) {
-				return err
-			}
-		}
-		return nil
-	}
-	pipe := b.rdb.Pipeline()
-	for _, c := range cmds {
-		_ = pipe.Process(ctx, c)
-	}
-	_, err := pipe.Exec(ctx)
-	if err != nil && !isReply(err) {
-		// Not a reply: the round trip itself failed.
-		for _, c := range cmds {
-			if c.Err() == nil {
-				c.SetErr(err)
-			}
-		}
-		return err
-	}
-	return nil
 }
 
 // isReply reports whether err is an error reply from Redis rather than a failed round trip.
@@ -209,6 +75,28 @@ var unavailableReplies = []string{
 	"NOAUTH", "WRONGPASS", "NOPERM", "NOREPLICAS", "OOM",
 }
 
+// redirectReply reports whether err is a Cluster redirect (MOVED, ASK): the call ran nothing; its
+// slot is served by another node.
+func redirectReply(err error) bool {
+	return goredis.HasErrorPrefix(err, "MOVED") || goredis.HasErrorPrefix(err, "ASK")
+}
+
+// redirect returns the address a MOVED or ASK reply sends to, and whether it is an ASK.
+func redirect(err error) (addr string, ask, ok bool) {
+	if !redirectReply(err) {
+		return "", false, false
+	}
+	var re goredis.Error
+	if !errors.As(err, &re) {
+		return "", false, false
+	}
+	f := strings.Fields(re.Error())
+	if len(f) != 3 {
+		return "", false, false
+	}
+	return f[2], f[0] == "ASK", true
+}
+
 // unavailableReply reports whether err is an error reply that says Redis cannot serve calls.
 func unavailableReply(err error) bool {
 	var re goredis.Error
@@ -224,32 +112,6 @@ func unavailableReply(err error) bool {
 	return false
 }
 
-// observe tells the breaker what a round trip showed about Redis: err is the round trip's own
-// error (nil when Redis replied), cmds what it carried.
-//
-// A round trip that ran out of its callers' budget before it was written (waiting for a
-// connection, dialing: context.DeadlineExceeded, or the pool's own timeout) says nothing about
-// Redis: on a saturated machine the time may have gone to this process. If Redis is really
-// gone, decisions keep timing out and the probe finds out.
-func (b *Backend) observe(err error, cmds []*goredis.Cmd) {
-	switch {
-	case err == nil:
-	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, goredis.ErrPoolTimeout):
-		return
-	default:
-		b.br.failure(err)
-		return
-	}
-	for _, c := range cmds {
-		if unavailableReply(c.Err()) {
-			b.br.failure(c.Err())
-			return
-		}
-	}
-	b.lastReply.Store(b.mono())
-	b.br.success()
-}
-
 // classify wraps a call's error: one that says Redis is unavailable (no connection, timed out on
 // the wire, an unavailable reply) wraps backend.ErrUnavailable; any other (a script error, a
 // bug) is returned as it is, for the service to answer INTERNAL.
@@ -257,7 +119,7 @@ func classify(err error) error {
 	if err == nil {
 		return nil
 	}
-	if isReply(err) && !unavailableReply(err) {
+	if isReply(err) && !unavailableReply(err) && !redirectReply(err) {
 		return fmt.Errorf("redis: %w", err)
 	}
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, goredis.ErrPoolTimeout) {
@@ -283,7 +145,7 @@ func kindOf(err error) string {
 	switch {
 	case errors.Is(err, context.DeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
 		return "timeout"
-	case unavailableReply(err):
+	case unavailableReply(err), redirectReply(err):
 		msg := err.Error()
 		if i := strings.IndexByte(msg, ' '); i > 0 {
 			msg = msg[:i]
@@ -344,6 +206,53 @@ func load(ctx context.Context, c goredis.UniversalClient, library bool) (loaded 
 	return library && !missing, refusal, nil
 }
 
+// loadAll loads the script and the library into every master that answers, on the probe's
+// connections (see load).
+func (b *Backend) loadAll(ctx context.Context) (loaded bool, refusal error, err error) {
+	if !b.cluster {
+		return load(ctx, b.probe, b.libraryWanted())
+	}
+	return b.loadMasters(ctx)
+}
+
+// loadMasters is loadAll on a Cluster: the masters of the slot map, each on its own probe
+// connection, leaving out those that are down (their breakers' probes load them on their return).
+func (b *Backend) loadMasters(ctx context.Context) (loaded bool, refusal error, err error) {
+	t := b.topo.Load()
+	if t == nil {
+		return false, nil, errNoSlotMap
+	}
+	type result struct {
+		loaded  bool
+		refusal error
+		err     error
+	}
+	results := make([]result, len(t.masters))
+	var wg sync.WaitGroup
+	for i, n := range t.masters {
+		if !n.br.allow() {
+			results[i].loaded = true
+			continue
+		}
+		wg.Go(func() {
+			r := &results[i]
+			r.loaded, r.refusal, r.err = load(ctx, n.probe, b.libraryWanted())
+		})
+	}
+	wg.Wait()
+	loaded = b.libraryWanted()
+	for _, r := range results {
+		loaded = loaded && r.loaded
+		if refusal == nil {
+			refusal = r.refusal
+		}
+		if err == nil {
+			err = r.err
+		}
+	}
+	return loaded, refusal, err
+}
+
 // libraryWanted says whether calls should go by the library: not in tests that keep to
 // EVALSHA, nor once Redis refused it for good.
 func (b *Backend) libraryWanted() bool { return !b.evalOnly && !b.libraryRefused.Load() }
@@ -391,7 +300,7 @@ func (b *Backend) reloadLibrary() {
 		defer b.reloading.Store(false)
 		ctx, cancel := context.WithTimeout(b.bgCtx, b.probeTO)
 		defer cancel()
-		loaded, refusal, err := load(ctx, b.probe, b.libraryWanted())
+		loaded, refusal, err := b.loadAll(ctx)
 		if err != nil {
 			b.log.Debug("redis: loading the library failed; calls go by EVALSHA until it loads", "err", err)
 			return

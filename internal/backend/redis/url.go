@@ -1,6 +1,7 @@
 package redis
 
 import (
+	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
@@ -283,42 +284,20 @@ type clientOptions struct {
 	contextTimeout bool
 }
 
-// newClient connects to t. Commands are never retried by go-redis: a script whose reply was lost
-// may have run, and running it again would charge twice. Nor are dials: go-redis's default of
-// five dials 100 ms apart would spend a decision's whole budget asleep when Redis refuses
-// connections, and the decision would count as overload rather than as Redis failing. The
-// circuit breaker and its probe are the retries.
+// newClient connects to t, a single node or Sentinel. Commands are never retried by go-redis: a
+// script whose reply was lost may have run, and running it again would charge twice. Nor are
+// dials: go-redis's default of five dials 100 ms apart would spend a decision's whole budget
+// asleep when Redis refuses connections, and the decision would count as overload rather than
+// as Redis failing. The circuit breaker and its probe are the retries.
 func newClient(t Target, c clientOptions) goredis.UniversalClient {
-	var tlsConf *tls.Config
-	if t.TLS && len(t.Addrs) > 0 {
-		host := t.Addrs[0]
-		if i := strings.LastIndexByte(host, ':'); i >= 0 {
-			host = host[:i]
-		}
-		tlsConf = &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
-		if t.TLSConfig != nil {
-			tlsConf = t.TLSConfig.Clone()
-			if tlsConf.ServerName == "" {
-				tlsConf.ServerName = host
-			}
-		}
-	}
-	maint := &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
-	switch t.Topology {
-	case Sentinel:
+	tlsConf := t.tls()
+	if t.Topology == Sentinel {
 		return goredis.NewFailoverClient(&goredis.FailoverOptions{
 			MasterName: t.Master, SentinelAddrs: t.Addrs, SentinelUsername: t.SentinelUsername,
 			SentinelPassword: t.SentinelPassword, Username: t.Username, Password: t.Password, DB: t.DB,
 			TLSConfig: tlsConf, PoolSize: c.poolSize, DialTimeout: c.dialTimeout, ReadTimeout: c.readTimeout,
 			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: c.contextTimeout, MaxRetries: -1, DialerRetries: 1,
 			DisableIdentity: true,
-		})
-	case Cluster:
-		return goredis.NewClusterClient(&goredis.ClusterOptions{
-			Addrs: t.Addrs, Username: t.Username, Password: t.Password, TLSConfig: tlsConf,
-			PoolSize: c.poolSize, DialTimeout: c.dialTimeout, ReadTimeout: c.readTimeout,
-			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: c.contextTimeout, MaxRetries: -1, DialerRetries: 1,
-			DisableIdentity: true, MaintNotificationsConfig: maint,
 		})
 	}
 	var o *goredis.Options
@@ -331,6 +310,18 @@ func newClient(t Target, c clientOptions) goredis.UniversalClient {
 	} else {
 		o = &goredis.Options{Addr: t.Addrs[0], Username: t.Username, Password: t.Password, DB: t.DB, TLSConfig: tlsConf}
 	}
+	return goredis.NewClient(nodeOptions(o, c))
+}
+
+// newNodeClient connects to one node of the Cluster t, at addr, with the settings of newClient:
+// no retries, one dial per attempt.
+func newNodeClient(t Target, addr string, c clientOptions) goredis.UniversalClient {
+	o := &goredis.Options{Addr: addr, Username: t.Username, Password: t.Password, TLSConfig: t.tls()}
+	return goredis.NewClient(nodeOptions(o, c))
+}
+
+// nodeOptions sets c, no retries and one dial per attempt in o.
+func nodeOptions(o *goredis.Options, c clientOptions) *goredis.Options {
 	o.PoolSize = c.poolSize
 	o.DialTimeout = c.dialTimeout
 	o.ReadTimeout = c.readTimeout
@@ -339,6 +330,39 @@ func newClient(t Target, c clientOptions) goredis.UniversalClient {
 	o.MaxRetries = -1
 	o.DialerRetries = 1
 	o.DisableIdentity = true
-	o.MaintNotificationsConfig = maint
-	return goredis.NewClient(o)
+	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	return o
+}
+
+// newClusterClient is go-redis's client of the Cluster t, with the slot map slots gives. It
+// carries no decision (each master's node does: see topology.go), only keys' administration,
+// whose commands may be sent again: no retry on a network error, and a redirect followed once.
+func newClusterClient(t Target, c clientOptions, slots func(context.Context) ([]goredis.ClusterSlot, error)) *goredis.ClusterClient {
+	return goredis.NewClusterClient(&goredis.ClusterOptions{
+		Addrs: t.Addrs, Username: t.Username, Password: t.Password, TLSConfig: t.tls(),
+		PoolSize: c.poolSize, DialTimeout: c.dialTimeout, ReadTimeout: c.readTimeout,
+		WriteTimeout: c.readTimeout, ContextTimeoutEnabled: c.contextTimeout, MaxRetries: -1, MaxRedirects: 1,
+		DialerRetries: 1, DisableIdentity: true, ClusterSlots: slots,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+}
+
+// tls returns the TLS configuration of t's connections, nil without TLS: t.TLSConfig or the
+// default, with the server name of the first address when it has none.
+func (t Target) tls() *tls.Config {
+	if !t.TLS || len(t.Addrs) == 0 {
+		return nil
+	}
+	host := t.Addrs[0]
+	if i := strings.LastIndexByte(host, ':'); i >= 0 {
+		host = host[:i]
+	}
+	if t.TLSConfig == nil {
+		return &tls.Config{ServerName: host, MinVersion: tls.VersionTLS12}
+	}
+	conf := t.TLSConfig.Clone()
+	if conf.ServerName == "" {
+		conf.ServerName = host
+	}
+	return conf
 }

@@ -49,6 +49,11 @@ type call struct {
 	delta   []int64            // multi: per key µs, frac, m, then m sliding_log entries (instant, hits)
 	deltaAt []int              // multi: where each key's delta starts in delta
 	err     error              // the call failed: no reply
+
+	// Cluster: the node the call went to, and whether it goes after ASKING (its slot is being
+	// migrated to that node).
+	node   *node
+	asking bool
 }
 
 // reset empties c for reuse, keeping its buffers.
@@ -63,6 +68,8 @@ func (c *call) reset() {
 	c.delta = c.delta[:0]
 	c.deltaAt = c.deltaAt[:0]
 	c.err = nil
+	c.node = nil
+	c.asking = false
 }
 
 // add appends a request's key and values to c. now (µs) is this process's instant, from which

@@ -162,13 +162,27 @@ func registerBackendMetrics(reg prometheus.Registerer, be backend.Backend) {
 	if h, ok := be.(backend.Health); ok {
 		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "rls_backend_up",
-			Help: "1 while the backend answers, 0 while it is unavailable (circuit open).",
+			Help: "1 while the backend answers (all of it, or part: see rls_backend_degraded), 0 while none of it does (circuit open).",
 		}, func() float64 {
 			if h.Healthy() {
 				return 1
 			}
 			return 0
 		}))
+	}
+	if d, ok := be.(backend.Degradation); ok {
+		reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rls_backend_degraded",
+			Help: "1 while part of the backend is unavailable and the rest answers (a Redis Cluster master down: rls_redis_slots_unavailable), else 0.",
+		}, func() float64 {
+			if d.Degraded() != "" {
+				return 1
+			}
+			return 0
+		}))
+	}
+	if c, ok := be.(interface{ Collector() prometheus.Collector }); ok {
+		reg.MustRegister(c.Collector())
 	}
 	if m, ok := be.(backend.MemoryStats); ok {
 		reg.MustRegister(

@@ -35,6 +35,8 @@ type readiness struct {
 	heard    bool // a change arrived from the backend: newer than any seed
 	// waitRules: not ready until rules are loaded (rules from xDS, not there yet).
 	waitRules bool
+	// degraded says what part of the backend is unavailable while the rest answers.
+	degraded func() string
 }
 
 func newReadiness(hs *health.Server, failure service.FailureMode, log *slog.Logger) *readiness {
@@ -57,6 +59,9 @@ func (r *readiness) follow(be backend.Backend) (cancel func()) {
 	r.mu.Lock()
 	if !r.heard {
 		r.healthy = healthy
+	}
+	if d, ok := be.(backend.Degradation); ok {
+		r.degraded = d.Degraded
 	}
 	r.mu.Unlock()
 	return cancel
@@ -154,6 +159,11 @@ func (r *readiness) state() (ready bool, why string) {
 		return false, "not ready: backend unavailable and failure mode is error"
 	case !r.healthy:
 		return true, "ready, degraded: backend unavailable; answering with failure mode " + r.failure.String()
+	}
+	if r.degraded != nil {
+		if part := r.degraded(); part != "" {
+			return true, "ready, degraded: " + part + "; their decisions get failure mode " + r.failure.String()
+		}
 	}
 	return true, "ready"
 }

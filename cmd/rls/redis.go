@@ -27,6 +27,7 @@ type redisConfig struct {
 	tlsKey         string
 	tlsCA          string
 	tlsSkipVerify  bool
+	healthInterval time.Duration
 }
 
 // redisFlags registers the Redis backend's flags on fs.
@@ -41,6 +42,8 @@ func redisFlags(fs *flag.FlagSet) *redisConfig {
 	fs.DurationVar(&rc.readTimeout, "redis-read-timeout", time.Second, "--backend redis: timeout for one socket read or write; a reply slower than this counts as Redis failing")
 	fs.DurationVar(&rc.timeout, "redis-timeout", 50*time.Millisecond,
 		"--backend redis: longest a decision waits for Redis before the failure mode applies; a caller's deadline (Envoy's rate limit timeout, 20ms by default) less a quarter (at least 2ms) shortens it")
+	fs.DurationVar(&rc.healthInterval, "redis-health-interval", time.Second,
+		"--backend redis: how often each Redis master is probed on its own connection and its epoch key read: finds a master that went away while no decision used it, and a Redis that lost its data (a flush, a restart without persistence), which is logged and counted (rls_redis_state_resets_total)")
 	fs.StringVar(&rc.keyPrefix, "redis-key-prefix", "rls:", "--backend redis: prefix of every Redis key")
 	fs.IntVar(&rc.localCacheSize, "redis-local-cache-size", 65536,
 		"--backend redis: keys whose denial this process remembers, answering them without Redis until Redis would admit them again (0 disables)")
@@ -77,6 +80,9 @@ func newRedisBackend(ctx context.Context, rc *redisConfig, log *slog.Logger) (ba
 	if err != nil {
 		return nil, fmt.Errorf("--redis-url: %w", err)
 	}
+	if rc.healthInterval <= 0 {
+		return nil, fmt.Errorf("--redis-health-interval %v: want a positive duration (1s by default)", rc.healthInterval)
+	}
 	if rc.tlsCert != "" || rc.tlsKey != "" || rc.tlsCA != "" || rc.tlsSkipVerify {
 		if !target.TLS {
 			return nil, errors.New("--redis-tls-* need TLS: a rediss://, rediss-sentinel:// or rediss-cluster:// --redis-url")
@@ -94,6 +100,7 @@ func newRedisBackend(ctx context.Context, rc *redisConfig, log *slog.Logger) (ba
 		KeyPrefix:      rc.keyPrefix,
 		LocalCacheSize: rc.localCacheSize,
 		Coalesce:       rc.coalesce,
+		HealthInterval: rc.healthInterval,
 		Now:            rc.now(),
 		Logger:         log.With("backend", "redis"),
 	})

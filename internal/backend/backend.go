@@ -66,6 +66,14 @@ type Health interface {
 	SubscribeHealth(f func(healthy bool)) (cancel func())
 }
 
+// Degradation is implemented by a backend part of which can be unavailable while the rest
+// answers: a Redis Cluster with a master down.
+type Degradation interface {
+	// Degraded says, in words, what part of the store is unavailable while the rest answers;
+	// "" when all of it answers, and when none of it does (Healthy is false then).
+	Degraded() string
+}
+
 // CachePurger is implemented by a Backend that keeps decisions in this process (a local
 // over-limit cache) that must be forgotten when the store's state is reset.
 type CachePurger interface {

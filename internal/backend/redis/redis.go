@@ -136,6 +136,7 @@ var (
 	_ backend.CachePurger = (*Backend)(nil)
 	_ backend.CacheStats  = (*Backend)(nil)
 	_ backend.Resetter    = (*Backend)(nil)
+	_ backend.Degradation = (*Backend)(nil)
 )
 
 // Errors, each wrapping backend.ErrUnavailable.
@@ -299,21 +300,26 @@ func (b *Backend) Healthy() bool {
 	return t != nil && b.unavailableSlots(t) < slotCount
 }
 
-// Degraded reports, on a Cluster, how many slots are unavailable while others are served: their
-// master is down, or no master serves them. It is 0 while every slot is served, and while none
-// is (then Healthy is false).
-func (b *Backend) Degraded() int {
+// Degraded implements backend.Degradation: on a Cluster, how many slots are unavailable while
+// others are served (their master is down, or no master serves them).
+func (b *Backend) Degraded() string {
+	if n := b.slotsDown(); n > 0 && n < slotCount {
+		return fmt.Sprintf("%d of %d Redis Cluster slots unavailable (their master is down)", n, slotCount)
+	}
+	return ""
+}
+
+// slotsDown counts the Cluster slots unavailable: all of them with no slot map yet; 0 off a
+// Cluster.
+func (b *Backend) slotsDown() int {
 	if !b.cluster {
 		return 0
 	}
 	t := b.topo.Load()
 	if t == nil {
-		return 0
+		return slotCount
 	}
-	if n := b.unavailableSlots(t); n < slotCount {
-		return n
-	}
-	return 0
+	return b.unavailableSlots(t)
 }
 
 // SubscribeHealth implements backend.Health.

@@ -1,0 +1,68 @@
+package redis
+
+import "github.com/prometheus/client_golang/prometheus"
+
+// The Backend's metrics, read when scraped.
+var (
+	nodeUpDesc = prometheus.NewDesc("rls_redis_node_up",
+		"1 while the Redis master answers, 0 while its circuit breaker is open: the single node, the Sentinel's master (node=\"sentinel:<name>\") or each master of the Cluster's slot map.",
+		[]string{"node"}, nil)
+	slotsDesc = prometheus.NewDesc("rls_redis_slots_unavailable",
+		"Redis Cluster hash slots whose master is down or that no master serves: their decisions get the failure mode, the others are decided as usual.",
+		nil, nil)
+	slowDesc = prometheus.NewDesc("rls_redis_slow_total",
+		"Decisions that ran out of their budget while a probe of their Redis node on its own connection had no answer either: Redis slow or hung, not rls overloaded. Also counted in rls_backend_errors_total{kind=\"timeout\"}.",
+		[]string{"node"}, nil)
+	resetsDesc = prometheus.NewDesc("rls_redis_state_resets_total",
+		"Times a Redis node was found to have lost its data (a flush, a restart without persistence): its epoch key gone or changed. Every key it held started over with a fresh burst.",
+		nil, nil)
+	reloadsDesc = prometheus.NewDesc("rls_redis_topology_reloads_total",
+		"Reloads of the Redis Cluster slot map, by what asked for it: moved, ask (a redirect), node_down (a master failing or down), clusterdown, no_map, periodic.",
+		[]string{"reason"}, nil)
+)
+
+// Collector returns the Backend's metrics.
+func (b *Backend) Collector() prometheus.Collector { return collector{b} }
+
+type collector struct{ b *Backend }
+
+func (c collector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- nodeUpDesc
+	ch <- slowDesc
+	ch <- resetsDesc
+	if c.b.cluster {
+		ch <- slotsDesc
+		ch <- reloadsDesc
+	}
+}
+
+func (c collector) Collect(ch chan<- prometheus.Metric) {
+	b := c.b
+	up := func(n *node) float64 {
+		if n.br.allow() {
+			return 1
+		}
+		return 0
+	}
+	ch <- prometheus.MustNewConstMetric(resetsDesc, prometheus.CounterValue, float64(b.resets.Load()))
+	if !b.cluster {
+		ch <- prometheus.MustNewConstMetric(nodeUpDesc, prometheus.GaugeValue, up(b.single), b.single.name)
+		ch <- prometheus.MustNewConstMetric(slowDesc, prometheus.CounterValue, float64(b.single.slow.Load()), b.single.name)
+		return
+	}
+	if t := b.topo.Load(); t != nil {
+		for _, n := range t.masters {
+			ch <- prometheus.MustNewConstMetric(nodeUpDesc, prometheus.GaugeValue, up(n), n.name)
+		}
+	}
+	ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(b.slotsDown()))
+	b.nodesMu.Lock()
+	nodes := b.nodeList
+	b.nodesMu.Unlock()
+	for _, n := range nodes {
+		ch <- prometheus.MustNewConstMetric(slowDesc, prometheus.CounterValue, float64(n.slow.Load()), n.name)
+	}
+	for i, r := range reloadReasons {
+		ch <- prometheus.MustNewConstMetric(reloadsDesc, prometheus.CounterValue, float64(b.reloads[i].Load()), r)
+	}
+}

@@ -18,14 +18,16 @@ func TestRedisFlags(t *testing.T) {
 		want redisConfig
 	}{
 		{"defaults", nil, nil, redisConfig{url: "redis://127.0.0.1:6379", dialTimeout: time.Second, readTimeout: time.Second,
-			timeout: 50 * time.Millisecond, keyPrefix: "rls:", localCacheSize: 65536, coalesce: 64}},
+			timeout: 50 * time.Millisecond, keyPrefix: "rls:", localCacheSize: 65536, coalesce: 64, healthInterval: time.Second}},
 		{"flags", []string{"--redis-url", "redis-cluster://a:1,b:2", "--redis-pool-size", "7", "--redis-timeout", "15ms",
-			"--redis-key-prefix", "x:", "--redis-local-cache-size", "0", "--redis-coalesce", "0", "--clock-offset", "-3s"}, nil,
+			"--redis-key-prefix", "x:", "--redis-local-cache-size", "0", "--redis-coalesce", "0", "--clock-offset", "-3s",
+			"--redis-health-interval", "250ms"}, nil,
 			redisConfig{url: "redis-cluster://a:1,b:2", poolSize: 7, dialTimeout: time.Second, readTimeout: time.Second,
-				timeout: 15 * time.Millisecond, keyPrefix: "x:", clockOffset: -3 * time.Second}},
+				timeout: 15 * time.Millisecond, keyPrefix: "x:", clockOffset: -3 * time.Second, healthInterval: 250 * time.Millisecond}},
 		{"environment", nil, []string{"RLS_REDIS_URL=redis://h:1", "RLS_REDIS_READ_TIMEOUT=2s", "RLS_REDIS_DIAL_TIMEOUT=3s", "RLS_CLOCK_OFFSET=1h"},
 			redisConfig{url: "redis://h:1", dialTimeout: 3 * time.Second, readTimeout: 2 * time.Second,
-				timeout: 50 * time.Millisecond, keyPrefix: "rls:", localCacheSize: 65536, coalesce: 64, clockOffset: time.Hour}},
+				timeout: 50 * time.Millisecond, keyPrefix: "rls:", localCacheSize: 65536, coalesce: 64, clockOffset: time.Hour,
+				healthInterval: time.Second}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := flag.NewFlagSet("serve", flag.ContinueOnError)

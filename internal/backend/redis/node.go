@@ -470,7 +470,8 @@ func (n *node) observe(err error, cmds []*goredis.Cmd) {
 				n.b.requestReload(reasonClusterDown)
 			}
 		}
-		if unavailableReply(cerr) {
+		// CLUSTERDOWN is the Cluster's state, not this node failing: the node answered.
+		if unavailableReply(cerr) && !goredis.HasErrorPrefix(cerr, "CLUSTERDOWN") {
 			n.br.failure(cerr)
 			return
 		}

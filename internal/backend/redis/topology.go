@@ -375,10 +375,10 @@ func (b *Backend) slotsOf(n *node) int {
 
 // epochKeyOf returns the key of n's epoch: on a Cluster, one whose slot n owns (found the same
 // way for every replica of rls, and for the replica that takes n's slots over); "" when n
-// owns none.
+// owns none. No decision's key is named so: storedKey puts "{}" first in any key holding '{'.
 func (b *Backend) epochKeyOf(n *node) string {
 	if !b.cluster {
-		return b.prefix + "epoch"
+		return b.prefix + "epoch{}"
 	}
 	t := b.topo.Load()
 	if t == nil || t.slots[n] == 0 {

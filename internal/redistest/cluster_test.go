@@ -14,7 +14,9 @@ import (
 // of one master and SIGSTOP of another, WaitPromoted names the failed master's replica, and the
 // stopped master, resumed, rejoins as a replica.
 func TestCluster(t *testing.T) {
+	start := time.Now()
 	c := StartCluster(t, ClusterOptions{})
+	t.Logf("3 masters and 3 replicas in sync in %v", time.Since(start).Round(time.Millisecond))
 	nodes := c.Nodes()
 	replicaOf := map[string]string{}
 	var masters []string
@@ -69,7 +71,7 @@ func TestCluster(t *testing.T) {
 
 	killed, stopped := masters[0], masters[1]
 	c.Kill(killed)
-	start := time.Now()
+	start = time.Now()
 	got, at := c.WaitPromoted(t, killed, 30*time.Second)
 	if got != replicaOf[killed] {
 		t.Fatalf("%s's slots went to %s, want its replica %s", killed, got, replicaOf[killed])

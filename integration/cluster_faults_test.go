@@ -42,7 +42,7 @@ const (
 	tightRate     = 10.0 // the tight rule's requests per second
 	tightBurst    = 5
 	cfUserKeys    = 200
-	cfRate        = 600         // requests a second over the user keys
+	cfRate        = 1000        // requests a second over the user keys
 	cfChargedRate = 1000        // requests a second in TestClusterChargedOnce
 	cfDeadline    = time.Second // each caller's deadline
 	cfHandful     = 5           // failures allowed per replica on keys of healthy masters
@@ -297,7 +297,7 @@ func clusterMasterFault(t *testing.T, fault string, partial bool) {
 	}
 	watch := watchState(f.c, healthy)
 	l := f.load(cfRate, true, false)
-	time.Sleep(time.Second)
+	time.Sleep(800 * time.Millisecond)
 
 	faultAt := time.Now()
 	var contAt time.Time
@@ -315,7 +315,7 @@ func clusterMasterFault(t *testing.T, fault string, partial bool) {
 		}
 		f.c.Cont(failed)
 		contAt = time.Now()
-		if e := contAt.Add(1500 * time.Millisecond); e.After(end) {
+		if e := contAt.Add(time.Second); e.After(end) {
 			end = e
 		}
 	}
@@ -420,8 +420,12 @@ func clusterMasterFault(t *testing.T, fault string, partial bool) {
 		g := groups[k]
 		switch {
 		case strings.HasSuffix(k, "failed keys"):
-			t.Logf("%s: %d answers received after the fault, %d failure-mode answers from %s to %s; first OK after the promotion: promotion%+dms",
-				k, g.n, g.failures, ms(g.first), ms(g.last), g.firstOK.Sub(promotedAt).Milliseconds())
+			firstOK := "none"
+			if !g.firstOK.IsZero() {
+				firstOK = fmt.Sprintf("promotion%+dms", g.firstOK.Sub(promotedAt).Milliseconds())
+			}
+			t.Logf("%s: %d answers received after the fault, %d failure-mode answers from %s to %s; first OK after the promotion: %s",
+				k, g.n, g.failures, ms(g.first), ms(g.last), firstOK)
 		default:
 			t.Logf("%s: %d answers received after the fault, %d failure-mode answers from %s to %s (and %d while Redis refused every key)",
 				k, g.n, g.failures, ms(g.first), ms(g.last), g.refused)
@@ -583,7 +587,7 @@ func TestClusterChargedOnce(t *testing.T) {
 	})
 
 	l := f.load(cfChargedRate, false, true)
-	time.Sleep(2 * time.Second)
+	time.Sleep(1500 * time.Millisecond)
 	// A manual failover: the replica takes over once it caught up, the master steps down.
 	old := f.masters[1]
 	var replica string
@@ -608,7 +612,7 @@ func TestClusterChargedOnce(t *testing.T) {
 	failoverAt := time.Now()
 	promoted, at := f.c.WaitPromoted(t, old, 15*time.Second)
 	masters.Store(f.c.Masters())
-	time.Sleep(3 * time.Second)
+	time.Sleep(2500 * time.Millisecond)
 	answers := l.stop()
 	close(stopKill)
 	killer.Wait()

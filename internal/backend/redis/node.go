@@ -50,6 +50,7 @@ type node struct {
 	// its data (FLUSHALL, a restart without persistence). Touched by the health check only.
 	epochKey   string
 	epochValue string
+	epochSet   atomic.Bool // an epoch is known (for tests)
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -261,15 +262,20 @@ func (n *node) checkEpoch() {
 			n.lostData("its epoch key is gone")
 		}
 		n.epochValue = fresh
+		n.epochSet.Store(true)
 	case err != nil:
 		// Unavailable, or not the owner of the key's slot any more (MOVED): another round.
 	case n.epochValue == "":
 		n.epochValue = v
+		n.epochSet.Store(true)
 	case v != n.epochValue:
 		n.lostData("its epoch key changed: another replica of rls found it gone")
 		n.epochValue = v
 	}
 }
+
+// epochKnown reports whether the node's epoch is known.
+func (n *node) epochKnown() bool { return n.epochSet.Load() }
 
 func (n *node) lostData(why string) {
 	b := n.b

@@ -1,0 +1,238 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/redistest"
+)
+
+// startOwnCluster starts a Cluster of two masters without replicas, for a test that changes
+// it, and a backend on it.
+func startOwnCluster(t *testing.T, opts Options) (*redistest.Cluster, *Backend) {
+	t.Helper()
+	c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 2, Replicas: -1, PartialCoverage: true})
+	target, err := ParseURL(c.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.Target = target
+	if opts.KeyPrefix == "" {
+		opts.KeyPrefix = "f:"
+	}
+	b, err := New(context.Background(), opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	if !b.Healthy() {
+		t.Fatal("backend not healthy on a new Cluster")
+	}
+	return c, b
+}
+
+// keysByMaster returns n keys on each master of c, named prefix and a number.
+func keysByMaster(t *testing.T, c *redistest.Cluster, b *Backend, prefix string, n int) map[string][]string {
+	t.Helper()
+	var keys, stored []string
+	for i := range 64 * n {
+		k := prefix + strconv.Itoa(i)
+		keys, stored = append(keys, k), append(stored, storedKey(b.prefix, k))
+	}
+	out := map[string][]string{}
+	for i, m := range c.Owners(stored) {
+		if len(out[m]) < n {
+			out[m] = append(out[m], keys[i])
+		}
+	}
+	return out
+}
+
+// scriptCalls returns the script calls node addr ran: FCALL, EVALSHA and EVAL.
+func scriptCalls(t *testing.T, c *redistest.Cluster, addr string) (ran, rejected int) {
+	t.Helper()
+	info, err := c.Client(addr).Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		name, stats, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || (name != "cmdstat_fcall" && name != "cmdstat_evalsha" && name != "cmdstat_eval") {
+			continue
+		}
+		for _, f := range strings.Split(stats, ",") {
+			k, v, _ := strings.Cut(f, "=")
+			n, _ := strconv.Atoi(v)
+			switch k {
+			case "calls":
+				ran += n
+			case "failed_calls":
+				ran -= n
+			case "rejected_calls":
+				rejected += n
+			}
+		}
+	}
+	return ran, rejected
+}
+
+// A call whose slot moved to another master (MOVED: it ran nothing) is sent once to the new
+// owner and decided there; the old owner ran nothing, and the slot map is reloaded.
+func TestClusterMovedSentOnce(t *testing.T) {
+	c, b := startOwnCluster(t, Options{Timeout: 5 * time.Second, HealthInterval: -1})
+	ctx := context.Background()
+	byMaster := keysByMaster(t, c, b, "mv-", 2)
+	masters := c.Masters()
+	from, to := masters[0], masters[1]
+	l := backend.Limit{Rate: 10, Period: time.Hour, Burst: 10}
+	decide := func(key string) error {
+		_, err := b.Decide(ctx, []backend.Request{{Key: key, Limit: l, Cost: 1}}, make([]backend.Decision, 1))
+		return err
+	}
+	// The first key warms the connections; the second's slot is moved before rls knows it.
+	if err := decide(byMaster[from][0]); err != nil {
+		t.Fatal(err)
+	}
+	key := byMaster[from][1]
+	s := slot(storedKey(b.prefix, key))
+	toID, err := c.Client(to).ClusterMyID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range []string{to, from} {
+		if err := c.Client(m).Do(ctx, "cluster", "setslot", s, "node", toID).Err(); err != nil {
+			t.Fatalf("moving slot %d to %s on %s: %v", s, to, m, err)
+		}
+	}
+	fromRan, _ := scriptCalls(t, c, from)
+	toRan, _ := scriptCalls(t, c, to)
+	movedBefore := b.reloads[0].Load()
+	if err := decide(key); err != nil {
+		t.Fatalf("deciding a key whose slot moved: %v, want it decided by the new owner", err)
+	}
+	fromAfter, fromRejected := scriptCalls(t, c, from)
+	toAfter, _ := scriptCalls(t, c, to)
+	if fromAfter != fromRan || toAfter != toRan+1 {
+		t.Fatalf("script calls run: old owner %d → %d, new owner %d → %d; want the old owner none and the new one 1 (old owner's rejected calls %d)",
+			fromRan, fromAfter, toRan, toAfter, fromRejected)
+	}
+	stored := storedKey(b.prefix, key)
+	if n, err := c.Client(to).Exists(ctx, stored).Result(); err != nil || n != 1 {
+		t.Fatalf("the key's state on the new owner: %d, %v; want it there", n, err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for b.reloads[0].Load() == movedBefore || b.topo.Load().owner[s].name != to {
+		if time.Now().After(deadline) {
+			t.Fatalf("the slot map was not reloaded after MOVED (moved reloads %d)", b.reloads[0].Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A master that hangs fails only the decisions on its slots: the other master's keys are
+// decided throughout, the hung master's fail as Redis slow and then, once its breaker opens,
+// at once; the backend stays healthy and says it is degraded. After it answers again, its keys
+// are decided again.
+func TestClusterHungMasterFailsOnlyItsSlots(t *testing.T) {
+	c, b := startOwnCluster(t, Options{Timeout: 50 * time.Millisecond, BreakerCooldown: 100 * time.Millisecond, ProbeTimeout: 300 * time.Millisecond})
+	ctx := context.Background()
+	byMaster := keysByMaster(t, c, b, "hung-", 8)
+	masters := c.Masters()
+	hung, healthy := masters[0], masters[1]
+	l := backend.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+	decide := func(key string) error {
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := b.Decide(ctx, []backend.Request{{Key: key, Limit: l, Cost: 1}}, make([]backend.Decision, 1))
+		return err
+	}
+	for _, k := range append(byMaster[hung], byMaster[healthy]...) {
+		if err := decide(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Stop(hung)
+	stopped := time.Now()
+	var healthyErrs, slow, open, others int
+	for time.Since(stopped) < 1500*time.Millisecond {
+		for _, k := range byMaster[healthy] {
+			if err := decide(k); err != nil {
+				healthyErrs++
+				t.Logf("healthy master's key %s: %v", k, err)
+			}
+		}
+		err := decide(byMaster[hung][0])
+		n := b.nodeFor(hung)
+		switch {
+		case errors.Is(err, n.errOpen):
+			open++
+		case errors.Is(err, n.errSlow):
+			slow++
+		case err != nil:
+			others++
+		default:
+			t.Fatal("a key of the hung master decided")
+		}
+	}
+	if healthyErrs > 0 {
+		t.Errorf("%d failures of the healthy master's keys while the other master hung, want 0", healthyErrs)
+	}
+	if open == 0 {
+		t.Errorf("the hung master's breaker never opened (slow %d, other errors %d)", slow, others)
+	}
+	if !b.Healthy() || !strings.Contains(b.Degraded(), "slots unavailable") {
+		t.Errorf("healthy %v, degraded %q with one master down: want healthy and degraded", b.Healthy(), b.Degraded())
+	}
+	if b.nodeFor(hung).slow.Load() == 0 {
+		t.Errorf("no decision counted as Redis slow (slow errors seen %d, overload and others %d)", slow, others)
+	}
+	t.Logf("hung master: %d failed as slow, %d fast with the breaker open, %d otherwise (overload)", slow, open, others)
+	c.Cont(hung)
+	deadline := time.Now().Add(5 * time.Second)
+	for decide(byMaster[hung][0]) != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("the master's keys not decided 5 s after it answered again")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if b.Degraded() != "" {
+		t.Errorf("degraded %q with every master answering", b.Degraded())
+	}
+}
+
+// A master that lost its data is found by its epoch key, once per loss.
+func TestClusterStateLossFound(t *testing.T) {
+	c, b := startOwnCluster(t, Options{HealthInterval: 50 * time.Millisecond})
+	masters := c.Masters()
+	// Wait until every master's epoch is known.
+	deadline := time.Now().Add(5 * time.Second)
+	for _, m := range masters {
+		for !b.nodeFor(m).epochKnown() {
+			if time.Now().After(deadline) {
+				t.Fatalf("no epoch known for %s", m)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	if n := b.resets.Load(); n != 0 {
+		t.Fatalf("%d data losses found on a new Cluster", n)
+	}
+	if err := c.Client(masters[1]).FlushAll(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for b.resets.Load() == 0 {
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			t.Fatal("a flushed master not found")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond) // several intervals
+	if n := b.resets.Load(); n != 1 {
+		t.Fatalf("%d data losses counted for one flush, want 1", n)
+	}
+}

@@ -313,18 +313,7 @@ func (j *job) sendGroups(ctx context.Context, b *Backend, reqs []backend.Request
 	if err == nil {
 		return nil
 	}
-	charged := false
-	for k := range j.calls {
-		charged = charged || j.calls[k].err == nil && j.calls[k].charged
-	}
-	if !charged {
-		if !abandoned {
-			b.jobs.Put(j)
-		}
-		return err
-	}
-	// Some node charged its part of a decision that failed: give it back, out of the caller's
-	// time. Only the replied calls are read: the others may belong to their senders still.
+	// Only the replied calls are read: the others may belong to their senders still.
 	out := map[*call]bool{}
 	for _, g := range j.groups {
 		if g.res == inFlight || g.res == canceled {
@@ -333,6 +322,19 @@ func (j *job) sendGroups(ctx context.Context, b *Backend, reqs []backend.Request
 			}
 		}
 	}
+	charged := false
+	for k := range j.calls {
+		c := &j.calls[k]
+		charged = charged || !out[c] && c.err == nil && c.charged
+	}
+	if !charged {
+		if !abandoned {
+			b.jobs.Put(j)
+		}
+		return err
+	}
+	// Some node charged its part of a decision that failed: give it back, out of the caller's
+	// time.
 	rs := append([]backend.Request(nil), reqs...)
 	b.bgMu.Lock()
 	if b.bgClosed {

@@ -12,11 +12,12 @@ import (
 	"github.com/rls-project/rls/internal/redistest"
 )
 
-// startOwnCluster starts a Cluster of two masters without replicas, for a test that changes
-// it, and a backend on it.
+// startOwnCluster starts a Cluster of three masters without replicas, for a test that changes
+// it, and a backend on it. (With two, a master that stops leaves the other in a minority,
+// refusing every key.)
 func startOwnCluster(t *testing.T, opts Options) (*redistest.Cluster, *Backend) {
 	t.Helper()
-	c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 2, Replicas: -1, PartialCoverage: true})
+	c := redistest.StartCluster(t, redistest.ClusterOptions{Masters: 3, Replicas: -1, PartialCoverage: true})
 	target, err := ParseURL(c.URL())
 	if err != nil {
 		t.Fatal(err)
@@ -142,6 +143,7 @@ func TestClusterHungMasterFailsOnlyItsSlots(t *testing.T) {
 	c, b := startOwnCluster(t, Options{Timeout: 50 * time.Millisecond, BreakerCooldown: 100 * time.Millisecond, ProbeTimeout: 300 * time.Millisecond})
 	ctx := context.Background()
 	byMaster := keysByMaster(t, c, b, "hung-", 8)
+	pairKeys := keysByMaster(t, c, b, "pair-", 1)
 	masters := c.Masters()
 	hung, healthy := masters[0], masters[1]
 	l := backend.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
@@ -156,10 +158,24 @@ func TestClusterHungMasterFailsOnlyItsSlots(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	// A key of the healthy master asked alone and beside a key of the hung one: what the
+	// healthy master charged for a decision that failed is given back.
+	tight := backend.Limit{Rate: 1, Period: time.Hour, Burst: 100}
+	pair := []backend.Request{{Key: pairKeys[healthy][0], Limit: tight, Cost: 1}, {Key: pairKeys[hung][0], Limit: tight, Cost: 1}}
+	out := make([]backend.Decision, 2)
+	if _, err := b.Decide(ctx, pair, out); err != nil || out[0].Remaining != 99 {
+		t.Fatalf("the pair before the fault: %v, %+v", err, out)
+	}
 	c.Stop(hung)
 	stopped := time.Now()
-	var healthyErrs, slow, open, others int
-	for time.Since(stopped) < 1500*time.Millisecond {
+	var healthyErrs, slow, open, others, pairs int
+	for time.Since(stopped) < time.Second { // less than cluster-node-timeout: no failover
+		ctx, cancel := context.WithTimeout(ctx, time.Second)
+		if _, err := b.Decide(ctx, pair, out); err == nil {
+			t.Fatal("a pair with a key of the hung master decided")
+		}
+		cancel()
+		pairs++
 		for _, k := range byMaster[healthy] {
 			if err := decide(k); err != nil {
 				healthyErrs++
@@ -202,6 +218,11 @@ func TestClusterHungMasterFailsOnlyItsSlots(t *testing.T) {
 	}
 	if b.Degraded() != "" {
 		t.Errorf("degraded %q with every master answering", b.Degraded())
+	}
+	time.Sleep(1500 * time.Millisecond) // the charges given back in the background: within 1 s
+	alone := []backend.Request{pair[0]}
+	if _, err := b.Decide(ctx, alone, out[:1]); err != nil || out[0].Remaining != 98 {
+		t.Fatalf("the healthy key of %d failed pairs: %v, remaining %d; want 98 (each failed pair's charge given back)", pairs, err, out[0].Remaining)
 	}
 }
 

@@ -10,13 +10,19 @@
 //
 // A request costs one round trip. On a single node (or Sentinel) every key of a batch goes to one
 // script call. On a Cluster the keys are spread over slots, so a batch is split into one script
-// call per slot, pipelined in one round trip per node; when one slot refuses the batch, the
-// charges the others made are undone in a second round trip (the only case with two).
+// call per slot, sent to each slot's master; when one slot refuses the batch, the charges the
+// others made are undone in a second round trip (the only case with two).
+//
+// Each master (the single node, Sentinel's master, each master of a Cluster) is a node with its
+// own pipelines, circuit breaker, probe and health check (node.go): a master that fails or
+// hangs fails only the decisions on its keys, and its errors never land on another master's
+// calls. A Cluster's slot map is rls's own (topology.go), reloaded on a redirect, a failed node
+// or CLUSTERDOWN, every 250 ms while part of it is down and every 10 s otherwise. No script
+// call that may have run is ever sent again.
 //
 // Around that: a local cache of denials (a key Redis denied for a cost until some instant is
 // denied from memory until then, without a round trip: under every algorithm only time admits it
-// again),
-// optional coalescing of concurrent calls into pipelines, a timeout on every call and a circuit
-// breaker that fails fast with backend.ErrUnavailable while Redis is down and probes for its
-// return in the background.
+// again), coalescing of concurrent calls into pipelines, a time budget on every decision (a
+// decision that runs out of it while its master does not answer a probe either counts as Redis
+// slow, otherwise as overload), and an epoch key per master whose loss says Redis lost its data.
 package redis

@@ -137,6 +137,7 @@ type cfAnswer struct {
 	code       codes.Code
 	overall    rlsv3.RateLimitResponse_Code
 	remaining  uint32
+	msg        string // the error's message, for the log
 }
 
 // fromRedis reports whether the answer was decided (OK or OVER_LIMIT), not the failure mode's.
@@ -172,6 +173,9 @@ func (f *clusterFault) load(rate float64, tight, once bool) *cfLoad {
 		l.asked.Add(1)
 		resp, err := f.clients[replica].ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "cf", Descriptors: oneDesc(d(key, value))})
 		a.recv, a.code, a.overall = time.Now(), status.Code(err), resp.GetOverallCode()
+		if err != nil {
+			a.msg = status.Convert(err).Message()
+		}
 		if len(resp.GetStatuses()) == 1 {
 			a.remaining = resp.GetStatuses()[0].GetLimitRemaining()
 		}
@@ -270,10 +274,11 @@ func (w *stateWatch) stop() (first, last time.Time) {
 // another master; one master, serving neither the tight key nor the most keys, is SIGKILLed, or
 // SIGSTOPped until its replica took over (at least 4 s) and resumed; with
 // cluster-require-full-coverage yes and no. Keys of the healthy masters see at most a handful
-// of failure-mode answers per replica (beyond those Redis itself refuses while
-// cluster_state:fail, with full coverage, between the master being marked failed and its
-// replica's promotion); the failed master's keys are answered again within a second of the
-// promotion; the tight key never admits more than its limit allows.
+// of failures per replica (the failure mode's UNAVAILABLE, or no answer within the callers'
+// 1 s), beyond those Redis itself refuses while cluster_state:fail (with full coverage, from
+// the master being marked failed to its replica's promotion); the failed master's keys are
+// answered again within a second of the promotion; the tight key never admits more than its
+// limit allows. Each figure of the "measure and report" is logged.
 func TestClusterMasterFault(t *testing.T) {
 	for _, fault := range []string{"sigkill", "sigstop"} {
 		for _, partial := range []bool{false, true} {
@@ -353,6 +358,7 @@ func clusterMasterFault(t *testing.T, fault string, partial bool) {
 		first, last          time.Time // first and last failure (received)
 		firstOK              time.Time // first OK received after the promotion
 		late                 int       // failures sent a second after the promotion or later
+		why                  map[string]int
 	}
 	groups := map[string]*group{} // by "replica/failed|healthy|tight"
 	var before, tightOK int
@@ -383,12 +389,12 @@ func clusterMasterFault(t *testing.T, fault string, partial bool) {
 		key := fmt.Sprintf("replica %d, %s keys", a.replica, kind)
 		g := groups[key]
 		if g == nil {
-			g = &group{}
+			g = &group{why: map[string]int{}}
 			groups[key] = g
 		}
 		g.n++
 		if a.fromRedis() {
-			if a.recv.After(promotedAt) && g.firstOK.IsZero() {
+			if a.recv.After(promotedAt) && (g.firstOK.IsZero() || a.recv.Before(g.firstOK)) {
 				g.firstOK = a.recv
 			}
 			continue
@@ -398,7 +404,8 @@ func clusterMasterFault(t *testing.T, fault string, partial bool) {
 			continue
 		}
 		g.failures++
-		if g.first.IsZero() {
+		g.why[a.code.String()+": "+a.msg]++
+		if g.first.IsZero() || a.recv.Before(g.first) {
 			g.first = a.recv
 		}
 		if a.recv.After(g.last) {
@@ -409,7 +416,7 @@ func clusterMasterFault(t *testing.T, fault string, partial bool) {
 		}
 	}
 	if before > 0 {
-		t.Fatalf("%d failure-mode answers received before the fault: the run is not sound (%s)", before, describeFailures(answers, l.start, faultAt, f))
+		t.Fatalf("%d failures received before the fault: the run is not sound (%s)", before, describeFailures(answers, l.start, faultAt, f))
 	}
 	var names []string
 	for k := range groups {
@@ -424,24 +431,25 @@ func clusterMasterFault(t *testing.T, fault string, partial bool) {
 			if !g.firstOK.IsZero() {
 				firstOK = fmt.Sprintf("promotion%+dms", g.firstOK.Sub(promotedAt).Milliseconds())
 			}
-			t.Logf("%s: %d answers received after the fault, %d failure-mode answers from %s to %s; first OK after the promotion: %s",
+			t.Logf("%s: %d answers received after the fault, %d failures from %s to %s; first OK after the promotion: %s",
 				k, g.n, g.failures, ms(g.first), ms(g.last), firstOK)
 		default:
-			t.Logf("%s: %d answers received after the fault, %d failure-mode answers from %s to %s (and %d while Redis refused every key)",
+			t.Logf("%s: %d answers received after the fault, %d failures from %s to %s (and %d while Redis refused every key)",
 				k, g.n, g.failures, ms(g.first), ms(g.last), g.refused)
 		}
 		switch {
 		case strings.HasSuffix(k, "failed keys"):
 			if g.late > 0 {
-				t.Errorf("%s: %d failure-mode answers to requests sent %v or more after the promotion, want 0", k, g.late, cfPromotedOK)
+				t.Errorf("%s: %d failures to requests sent %v or more after the promotion, want 0; %s",
+					k, g.late, cfPromotedOK, topReasons(g.why))
 			}
 			if g.firstOK.IsZero() {
 				t.Errorf("%s: no OK answer after the promotion", k)
 			}
 		default:
 			if g.failures > cfHandful {
-				t.Errorf("%s: %d failure-mode answers on keys of healthy masters (from %s to %s), want at most %d",
-					k, g.failures, ms(g.first), ms(g.last), cfHandful)
+				t.Errorf("%s: %d failures on keys of healthy masters (from %s to %s), want at most %d; %s",
+					k, g.failures, ms(g.first), ms(g.last), cfHandful, topReasons(g.why))
 			}
 		}
 	}
@@ -651,4 +659,21 @@ func TestClusterChargedOnce(t *testing.T) {
 	if runs < decided {
 		t.Errorf("Redis ran %d script calls, fewer than the %d decisions answered from Redis", runs, decided)
 	}
+}
+
+// topReasons names the three commonest errors of why (error → count).
+func topReasons(why map[string]int) string {
+	var rs []string
+	for r := range why {
+		rs = append(rs, r)
+	}
+	slices.SortFunc(rs, func(a, b string) int { return why[b] - why[a] })
+	var out []string
+	for i, r := range rs {
+		if i == 3 {
+			break
+		}
+		out = append(out, fmt.Sprintf("%d× %q", why[r], r))
+	}
+	return "errors: " + strings.Join(out, ", ")
 }

@@ -574,11 +574,13 @@ func TestClusterChargedOnce(t *testing.T) {
 	stopKill := make(chan struct{})
 	var killer sync.WaitGroup
 	killer.Go(func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
 		for {
 			select {
 			case <-stopKill:
 				return
-			case <-time.After(100 * time.Millisecond):
+			case <-tick.C:
 			}
 			for _, m := range masters.Load().([]string) {
 				kctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -596,6 +598,7 @@ func TestClusterChargedOnce(t *testing.T) {
 
 	l := f.load(cfChargedRate, false, true)
 	time.Sleep(1500 * time.Millisecond)
+	since := func() time.Duration { return time.Since(l.start).Round(time.Millisecond) }
 	// A manual failover: the replica takes over once it caught up, the master steps down.
 	old := f.masters[1]
 	var replica string
@@ -618,10 +621,13 @@ func TestClusterChargedOnce(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	failoverAt := time.Now()
+	t.Logf("CLUSTER FAILOVER sent %v into the load", since())
 	promoted, at := f.c.WaitPromoted(t, old, 15*time.Second)
-	masters.Store(f.c.Masters())
+	t.Logf("promotion seen %v into the load", since())
+	masters.Store([]string{f.masters[0], promoted, f.masters[2]})
 	time.Sleep(2500 * time.Millisecond)
 	answers := l.stop()
+	t.Logf("load stopped %v into the load", since())
 	close(stopKill)
 	killer.Wait()
 	time.Sleep(200 * time.Millisecond) // a call rls gave up on may still be running

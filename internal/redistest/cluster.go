@@ -184,9 +184,12 @@ func (c *Cluster) startNode(args ...string) *clusterNode {
 			c.t.Fatalf("redis-server did not start on 5 free ports:\n%s", log)
 		}
 	}
+	// The admin client tries a command again, at once, on a connection that died: a test may
+	// kill every client connection of the node (CLIENT KILL TYPE normal) under it.
 	return &clusterNode{srv: s, admin: goredis.NewClient(&goredis.Options{
-		Addr: s.Addr(), Protocol: 2, MaxRetries: -1, DialTimeout: time.Second,
-		ReadTimeout: time.Second, WriteTimeout: time.Second, PoolSize: 2, DisableIdentity: true,
+		Addr: s.Addr(), Protocol: 2, MaxRetries: 2, MinRetryBackoff: time.Millisecond,
+		MaxRetryBackoff: 10 * time.Millisecond, DialTimeout: time.Second, ReadTimeout: time.Second,
+		WriteTimeout: time.Second, PoolSize: 2, DisableIdentity: true,
 	})}
 }
 

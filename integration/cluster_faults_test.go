@@ -72,8 +72,9 @@ type clusterFault struct {
 	tight   string              // the tight key's value, on masters[0]
 }
 
-// startClusterFault starts a Cluster and two rls replicas on it with default flags and extra, checks that
-// cfStoredKey names rls's keys, and sorts cfUserKeys user values and a tight value by master.
+// startClusterFault starts a Cluster and two rls replicas on it with default flags and extra,
+// checks that cfStoredKey names rls's keys, and sorts cfUserKeys user values and a tight value
+// by master.
 func startClusterFault(t *testing.T, opts redistest.ClusterOptions, extra ...string) *clusterFault {
 	t.Helper()
 	f := &clusterFault{c: redistest.StartCluster(t, opts)}
@@ -217,7 +218,8 @@ func (f *clusterFault) load(rate float64, tight, once bool) *cfLoad {
 			if once {
 				l.sends.Go(func() { send(i%2, "once", strconv.Itoa(i)) })
 			} else {
-				l.sends.Go(func() { send(i%2, "user", values[i%len(values)]) })
+				// Each key goes to either replica in turn, round after round.
+				l.sends.Go(func() { send((i+i/len(values))%2, "user", values[i%len(values)]) })
 			}
 		})
 	})

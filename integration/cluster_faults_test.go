@@ -216,7 +216,7 @@ func (f *clusterFault) load(rate float64, tight, once bool) *cfLoad {
 	l.pacers.Go(func() {
 		pace(rate, func(i int) {
 			if once {
-				l.sends.Go(func() { send(i%2, "once", strconv.Itoa(i)) })
+				l.sends.Go(func() { send(i%2, "once", fmt.Sprintf("%d-%d", l.start.UnixNano(), i)) })
 			} else {
 				// Each key goes to either replica in turn, round after round.
 				l.sends.Go(func() { send((i+i/len(values))%2, "user", values[i%len(values)]) })
@@ -580,11 +580,33 @@ func TestClusterChargedOnce(t *testing.T) {
 		}
 	}
 	time.Sleep(200 * time.Millisecond)
-	for _, n := range f.c.Nodes() {
-		if err := f.c.Client(n.Addr).ConfigResetStat(ctx).Err(); err != nil {
-			t.Fatalf("CONFIG RESETSTAT on %s: %v", n.Addr, err)
+	resetStats := func() {
+		t.Helper()
+		for _, n := range f.c.Nodes() {
+			if err := f.c.Client(n.Addr).ConfigResetStat(ctx).Err(); err != nil {
+				t.Fatalf("CONFIG RESETSTAT on %s: %v", n.Addr, err)
+			}
 		}
 	}
+	resetStats()
+	// The control: with nothing killed, one script call per decision, counted as scriptRuns does.
+	control := f.load(cfChargedRate, false, true)
+	time.Sleep(400 * time.Millisecond)
+	var controlDecided int64
+	for _, a := range control.stop() {
+		if a.fromRedis() {
+			controlDecided++
+		}
+	}
+	time.Sleep(100 * time.Millisecond)
+	controlRuns, controlEach := scriptRuns(t, f.c)
+	t.Logf("control, nothing killed: %d decisions asked, %d answered from Redis; Redis ran %d script calls (%s)",
+		control.asked.Load(), controlDecided, controlRuns, controlEach)
+	if controlRuns > control.asked.Load() || controlRuns < controlDecided || controlDecided == 0 {
+		t.Fatalf("control: %d script calls for %d decisions asked and %d answered: the count does not count decisions",
+			controlRuns, control.asked.Load(), controlDecided)
+	}
+	resetStats()
 
 	var masters atomic.Value
 	masters.Store(f.masters)

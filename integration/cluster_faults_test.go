@@ -44,6 +44,7 @@ const (
 	cfUserKeys    = 200
 	cfRate        = 1000        // requests a second over the user keys
 	cfChargedRate = 1000        // requests a second in TestClusterChargedOnce
+	cfQuietRate   = 30          // requests a second over the user keys to the third replica
 	cfDeadline    = time.Second // each caller's deadline
 	cfHandful     = 5           // failures allowed per replica on keys of healthy masters
 	cfPromotedOK  = time.Second // the failed master's keys are answered within this of its replica's promotion
@@ -72,9 +73,9 @@ type clusterFault struct {
 	tight   string              // the tight key's value, on masters[0]
 }
 
-// startClusterFault starts a Cluster and two rls replicas on it with default flags and extra,
-// checks that cfStoredKey names rls's keys, and sorts cfUserKeys user values and a tight value
-// by master.
+// startClusterFault starts a Cluster and three rls replicas on it with default flags and extra
+// (two under load, one under a light load: cfQuietRate), checks that cfStoredKey names rls's
+// keys, and sorts cfUserKeys user values and a tight value by master.
 func startClusterFault(t *testing.T, opts redistest.ClusterOptions, extra ...string) *clusterFault {
 	t.Helper()
 	f := &clusterFault{c: redistest.StartCluster(t, opts)}
@@ -83,7 +84,7 @@ func startClusterFault(t *testing.T, opts redistest.ClusterOptions, extra ...str
 		t.Fatalf("masters %v, want 3", f.masters)
 	}
 	rules := writeRules(t, map[string]string{"cf.yaml": clusterFaultRules})
-	for range 2 {
+	for range 3 {
 		f.procs = append(f.procs, launchRLS(t, nil, append([]string{"--config", rules, "--backend", "redis",
 			"--redis-url", f.c.URL(), "--redis-key-prefix", cfPrefix}, extra...)...))
 	}
@@ -161,8 +162,9 @@ func (a cfAnswer) fromRedis() bool {
 }
 
 // cfLoad sends, open loop, rate requests a second over the user values (or, with once, each
-// on a key of its own, once=<n>) and tightRate*4 on the tight value, alternating the replicas,
-// each with a cfDeadline deadline, until stop is called.
+// on a key of its own, once=<n>) and tightRate*4 on the tight value, alternating replicas 0 and
+// 1, and cfQuietRate over the user values to replica 2, each with a cfDeadline deadline, until
+// stop is called.
 type cfLoad struct {
 	mu      sync.Mutex
 	answers []cfAnswer
@@ -228,6 +230,12 @@ func (f *clusterFault) load(rate float64, tight, once bool) *cfLoad {
 			pace(4*tightRate, func(i int) { l.sends.Go(func() { send(i%2, "tight", f.tight) }) })
 		})
 	}
+	if !once {
+		// A replica under light load learns of a failure from few decisions.
+		l.pacers.Go(func() {
+			pace(cfQuietRate, func(i int) { l.sends.Go(func() { send(2, "user", values[(i*7)%len(values)]) }) })
+		})
+	}
 	return l
 }
 
@@ -287,7 +295,7 @@ func (w *stateWatch) stop() (first, last time.Time) {
 
 // TestClusterMasterFault: two rls replicas on a 3-master Cluster (a replica each, node timeout
 // 2 s) under about 1,000 requests a second over 200 keys and a tight key (10/s, burst 5) of
-// another master; one master, serving neither the tight key nor the most keys, is SIGKILLed, or
+// another master, a third replica under 30 a second over the same keys; one master, serving neither the tight key nor the most keys, is SIGKILLed, or
 // SIGSTOPped until its replica took over (at least 4 s) and resumed; with
 // cluster-require-full-coverage yes and no. Keys of the healthy masters see at most a handful
 // of failures per replica (the failure mode's UNAVAILABLE, or no answer within the callers'

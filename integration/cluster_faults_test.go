@@ -673,7 +673,7 @@ func TestClusterChargedOnce(t *testing.T) {
 	promoted, at := f.c.WaitPromoted(t, old, 15*time.Second)
 	t.Logf("promotion seen %v into the load", since())
 	masters.Store([]string{f.masters[0], promoted, f.masters[2]})
-	time.Sleep(2500 * time.Millisecond)
+	time.Sleep(3500 * time.Millisecond)
 	answers := l.stop()
 	t.Logf("load stopped %v into the load", since())
 	close(stopKill)

@@ -184,9 +184,12 @@ func (c *Cluster) startNode(args ...string) *clusterNode {
 			c.t.Fatalf("redis-server did not start on 5 free ports:\n%s", log)
 		}
 	}
+	// The admin client tries a command again, at once, on a connection that died: a test may
+	// kill every client connection of the node (CLIENT KILL TYPE normal) under it.
 	return &clusterNode{srv: s, admin: goredis.NewClient(&goredis.Options{
-		Addr: s.Addr(), Protocol: 2, MaxRetries: -1, DialTimeout: time.Second,
-		ReadTimeout: time.Second, WriteTimeout: time.Second, PoolSize: 2, DisableIdentity: true,
+		Addr: s.Addr(), Protocol: 2, MaxRetries: 2, MinRetryBackoff: time.Millisecond,
+		MaxRetryBackoff: 10 * time.Millisecond, DialTimeout: time.Second, ReadTimeout: time.Second,
+		WriteTimeout: time.Second, PoolSize: 2, DisableIdentity: true,
 	})}
 }
 
@@ -479,7 +482,8 @@ func (c *Cluster) Masters() []string {
 }
 
 // Client returns an admin client of the node at addr (one connection pool per node, closed when
-// the test ends). It is for commands to that node itself: it follows no redirection.
+// the test ends). It is for commands to that node itself: it follows no redirection. It fails
+// the test when addr is no node of the cluster.
 func (c *Cluster) Client(addr string) *goredis.Client { return c.node(addr).admin }
 
 // MasterFor returns the address of the master that serves key now, from the slot map of a
@@ -672,11 +676,17 @@ func takenOver(slots []goredis.ClusterSlot, ranges [][2]int64, dead string) stri
 }
 
 // ClusterStateOK reports whether the node at addr says cluster_state:ok (false when it does not
-// answer within timeout).
+// answer within timeout, or is no node of the cluster). It may be called from any goroutine.
 func (c *Cluster) ClusterStateOK(addr string, timeout time.Duration) bool {
+	c.mu.Lock()
+	n := c.nodeLocked(addr)
+	c.mu.Unlock()
+	if n == nil {
+		return false
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	info, err := c.node(addr).admin.ClusterInfo(ctx).Result()
+	info, err := n.admin.ClusterInfo(ctx).Result()
 	return err == nil && strings.Contains(info, "cluster_state:ok")
 }
 

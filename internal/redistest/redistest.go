@@ -1,5 +1,6 @@
 // Package redistest starts redis-server processes for tests that must kill and restart Redis
-// themselves, and hands out the shared Redis and Cluster that scripts/test starts.
+// themselves, and Redis Clusters of their own for tests that kill, stop and fail over their
+// nodes (StartCluster), and hands out the shared Redis and Cluster that scripts/test starts.
 package redistest
 
 import (

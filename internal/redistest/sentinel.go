@@ -135,12 +135,17 @@ func (s *Sentinel) MasterAddr() string {
 // answers as a master, and returns its host:port; it fails the test after timeout.
 func (s *Sentinel) WaitFailover(old string, timeout time.Duration) string {
 	s.t.Helper()
-	var now string
-	sentinelWait(s.t, timeout, "a failover away from "+old, func() bool {
-		now = s.MasterAddr()
-		return now != old && sentinelInfo(now, "replication", "role") == "master"
-	})
-	return now
+	deadline := time.Now().Add(timeout)
+	for {
+		now := s.MasterAddr()
+		if now != old && sentinelInfo(now, "replication", "role") == "master" {
+			return now
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("no failover away from %s within %v; the Sentinel's log:\n%s", old, timeout, s.Log())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // Log is the Sentinel's log so far.

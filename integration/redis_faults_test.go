@@ -311,20 +311,20 @@ func TestRedisStateLossNoticed(t *testing.T) {
 		r := redistest.Start(t)
 		p := startRLS(t, nil, stateLossArgs(t, r.URL())...)
 		tightTraffic(t, p.client(t))
-		holdResets(t, p, 0, 5*interval, "Redis untouched")
+		holdResets(t, p, 0, 4*interval, "Redis untouched")
 
 		if err := redisAdmin(t, r.Addr()).FlushAll(ctxT(t)).Err(); err != nil {
 			t.Fatal(err)
 		}
 		took := awaitResets(t, p, 1, 3*time.Second, "after FLUSHALL")
 		t.Logf("FLUSHALL noticed after %v", took.Round(time.Millisecond))
-		holdResets(t, p, 1, 5*interval, "after FLUSHALL")
+		holdResets(t, p, 1, 4*interval, "after FLUSHALL")
 
 		r.Kill()
 		r.Start()
 		took = awaitResets(t, p, 2, 5*time.Second, "after a restart without persistence")
 		t.Logf("restart without persistence noticed after %v", took.Round(time.Millisecond))
-		holdResets(t, p, 2, 5*interval, "after a restart without persistence")
+		holdResets(t, p, 2, 4*interval, "after a restart without persistence")
 	})
 
 	t.Run("data kept", func(t *testing.T) {
@@ -332,13 +332,13 @@ func TestRedisStateLossNoticed(t *testing.T) {
 		args := stateLossArgs(t, r.URL())
 		p := startRLS(t, nil, args...)
 		tightTraffic(t, p.client(t))
-		holdResets(t, p, 0, 5*interval, "Redis untouched")
+		holdResets(t, p, 0, 4*interval, "Redis untouched")
 
 		// rls restarts against a Redis that kept its data.
 		p.Stop(t)
 		q := startRLS(t, nil, args...)
 		tightTraffic(t, q.client(t))
-		holdResets(t, q, 0, 5*interval, "rls restarted")
+		holdResets(t, q, 0, 4*interval, "rls restarted")
 
 		// Redis restarts from the data it saved.
 		admin := redisAdmin(t, r.Addr())
@@ -350,14 +350,14 @@ func TestRedisStateLossNoticed(t *testing.T) {
 			t.Fatal("Redis restarted without the keys it saved")
 		}
 		awaitBackendUp(t, q, 5*time.Second)
-		holdResets(t, q, 0, 5*interval, "Redis restarted with its data")
+		holdResets(t, q, 0, 4*interval, "Redis restarted with its data")
 	})
 
 	t.Run("sentinel failover", func(t *testing.T) {
 		s := redistest.StartSentinel(t)
 		p := startRLS(t, nil, stateLossArgs(t, s.URL())...)
 		tightTraffic(t, p.client(t))
-		holdResets(t, p, 0, 5*interval, "Redis untouched")
+		holdResets(t, p, 0, 4*interval, "Redis untouched")
 
 		old := s.MasterAddr()
 		s.ServerAt(old).Kill()
@@ -373,6 +373,6 @@ func TestRedisStateLossNoticed(t *testing.T) {
 		if n := keysMatching(t, admin, "loss:*"); n == 0 {
 			t.Fatal("the promoted replica holds none of the master's keys")
 		}
-		holdResets(t, p, 0, 5*interval, "after a Sentinel failover")
+		holdResets(t, p, 0, 4*interval, "after a Sentinel failover")
 	})
 }

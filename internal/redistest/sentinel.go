@@ -34,6 +34,9 @@ type Sentinel struct {
 // master and the replica. It returns once the replica is in sync and the Sentinel knows both.
 func StartSentinel(t testing.TB, args ...string) *Sentinel {
 	t.Helper()
+	// A replica syncs at once (not after the 5 s diskless-sync delay), so does a master demoted
+	// after a failover.
+	args = append([]string{"--repl-diskless-sync-delay", "0"}, args...)
 	master := StartWith(t, args...)
 	host, port := "127.0.0.1", strconv.Itoa(master.port)
 	replica := StartWith(t, append(append([]string(nil), args...), "--replicaof", host, port)...)

@@ -350,7 +350,7 @@ func TestRedisStateLossNoticed(t *testing.T) {
 			t.Fatal("Redis restarted without the keys it saved")
 		}
 		awaitBackendUp(t, q, 5*time.Second)
-		holdResets(t, q, 0, 4*interval, "Redis restarted with its data")
+		holdResets(t, q, 0, 6*interval, "Redis restarted with its data")
 	})
 
 	t.Run("sentinel failover", func(t *testing.T) {
@@ -373,6 +373,6 @@ func TestRedisStateLossNoticed(t *testing.T) {
 		if n := keysMatching(t, admin, "loss:*"); n == 0 {
 			t.Fatal("the promoted replica holds none of the master's keys")
 		}
-		holdResets(t, p, 0, 4*interval, "after a Sentinel failover")
+		holdResets(t, p, 0, 6*interval, "after a Sentinel failover")
 	})
 }

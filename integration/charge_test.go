@@ -107,12 +107,12 @@ func redisAdmin(t *testing.T, addr string) *goredis.Client {
 	return c
 }
 
-// scriptRuns is how many script calls the Redis behind c has run: FCALL, EVALSHA and EVAL from
+// nodeScriptRuns is how many script calls the Redis behind c has run: FCALL, EVALSHA and EVAL from
 // INFO commandstats, their calls less their failed_calls. Redis 7.0 counts a call that found no
 // script (NOSCRIPT) or no function ("Function not found") in both calls and failed_calls, and
 // one refused before it ran (rejected_calls) in neither: such calls ran nothing, and rls sends
 // them again as EVAL, which is then counted.
-func scriptRuns(t *testing.T, c *goredis.Client) int64 {
+func nodeScriptRuns(t *testing.T, c *goredis.Client) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -252,7 +252,7 @@ func TestChargedOnce(t *testing.T) {
 
 		phase := func(tag string, kill bool, d time.Duration) (c *loadCounts, runs, keys, killed int64) {
 			t.Helper()
-			before := scriptRuns(t, admin)
+			before := nodeScriptRuns(t, admin)
 			stop := make(chan struct{})
 			var kills *atomic.Int64
 			killDone := make(<-chan struct{})
@@ -268,7 +268,7 @@ func TestChargedOnce(t *testing.T) {
 			// A call abandoned by its caller is never sent late; one in flight is answered
 			// within the read timeout at most, far less on a killed connection.
 			time.Sleep(500 * time.Millisecond)
-			return c, scriptRuns(t, admin) - before, keysMatching(t, admin, "*"+tag+"-*"), killed
+			return c, nodeScriptRuns(t, admin) - before, keysMatching(t, admin, "*"+tag+"-*"), killed
 		}
 
 		c, runs, keys, _ := phase("ctl", false, 2*time.Second)
@@ -305,7 +305,7 @@ func TestChargedOnce(t *testing.T) {
 		admins := map[string]*goredis.Client{master.Addr(): redisAdmin(t, master.Addr()), replica.Addr(): redisAdmin(t, replica.Addr())}
 		before := map[string]int64{}
 		for a, c := range admins {
-			before[a] = scriptRuns(t, c)
+			before[a] = nodeScriptRuns(t, c)
 		}
 		p := startRLS(t, nil, chargeArgs(t, s.URL())...)
 		client := p.client(t)
@@ -328,7 +328,7 @@ func TestChargedOnce(t *testing.T) {
 		if err := admins[old].Do(ctx, "client", "pause", "30000", "write").Err(); err != nil {
 			t.Fatalf("CLIENT PAUSE on the master %s: %v", old, err)
 		}
-		final := map[string]int64{old: scriptRuns(t, admins[old])}
+		final := map[string]int64{old: nodeScriptRuns(t, admins[old])}
 		// What the master wrote has reached the replica: every key of a decision that ran
 		// survives the failover.
 		if n, err := admins[old].Do(ctx, "wait", "1", "5000").Int(); err != nil || n != 1 {
@@ -343,7 +343,7 @@ func TestChargedOnce(t *testing.T) {
 		time.Sleep(2500 * time.Millisecond)
 		stopLoad()
 		time.Sleep(500 * time.Millisecond)
-		final[promoted] = scriptRuns(t, admins[promoted])
+		final[promoted] = nodeScriptRuns(t, admins[promoted])
 		var runs int64
 		for a, n := range final {
 			runs += n - before[a]

@@ -364,8 +364,8 @@ func TestRedisStateLossNoticed(t *testing.T) {
 		promoted := s.WaitFailover(old, 20*time.Second)
 		// rls answers from the promoted replica, which holds what the master held.
 		admin := redisAdmin(t, promoted)
-		before := scriptRuns(t, admin)
-		for end := time.Now().Add(10 * time.Second); scriptRuns(t, admin) == before; time.Sleep(20 * time.Millisecond) {
+		before := nodeScriptRuns(t, admin)
+		for end := time.Now().Add(10 * time.Second); nodeScriptRuns(t, admin) == before; time.Sleep(20 * time.Millisecond) {
 			if time.Now().After(end) {
 				t.Fatalf("rls sent nothing to the promoted master %s within 10 s\n%s", promoted, p.Output())
 			}

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/internal/redistest"
+	"github.com/rls-project/rls/internal/rlstest"
 )
 
 // seriesSum is the sum of the samples of metric name, whatever their labels, in vals (as
@@ -66,7 +67,8 @@ func debugSleep(t *testing.T, addr string, d time.Duration) {
 // TestRedisSlowCountedAsSlow: a Redis that stalls (DEBUG SLEEP 0.3, three times a second apart)
 // under about 500 decisions a second, callers waiting up to 1 s, is counted as Redis slow
 // (rls_redis_slow_total, per node) and as backend timeouts, not as rls overload
-// (rls_overload_shed_total): rls itself was never short of time.
+// (rls_overload_shed_total): rls itself was never short of time. Overload counts at most half
+// as many as Redis slow: the decisions that ran out before the probe found Redis slow.
 func TestRedisSlowCountedAsSlow(t *testing.T) {
 	r := redistest.StartWith(t, "--enable-debug-command", "yes")
 	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"charge.yaml": chargeRules}), "--backend", "redis",
@@ -106,28 +108,54 @@ func TestRedisSlowCountedAsSlow(t *testing.T) {
 	if timeouts < slow {
 		t.Errorf("%s rose by %v, less than rls_redis_slow_total (+%v): a slow decision is a backend timeout too", timeoutKey, timeouts, slow)
 	}
-	if shed > slow/3 {
-		t.Errorf("rls_overload_shed_total rose by %v beside rls_redis_slow_total +%v: a slow Redis is reported as rls overload", shed, slow)
+	// Decisions that ran out of time before a probe could find Redis slow (the first of each
+	// stall, which sends the probe, and those while this process looked starved of CPU) count
+	// as overload; all the others as Redis slow.
+	if shed > slow/2 {
+		t.Errorf("rls_overload_shed_total rose by %v beside rls_redis_slow_total +%v, want at most half of it: a slow Redis is reported as rls overload", shed, slow)
 	}
 }
 
 // shortCounts are the answers callers with a 20 ms deadline got.
-type shortCounts struct{ ok, over, deadline, other atomic.Int64 }
+type shortCounts struct{ ok, over, deadline, other, over5ms atomic.Int64 }
 
 func (c *shortCounts) String() string {
 	return fmt.Sprintf("%d OK (failure mode), %d OVER_LIMIT (Redis), %d DEADLINE_EXCEEDED, %d other",
 		c.ok.Load(), c.over.Load(), c.deadline.Load(), c.other.Load())
 }
 
+func (c *shortCounts) total() int64 {
+	return c.ok.Load() + c.over.Load() + c.deadline.Load() + c.other.Load()
+}
+
+// startPlainRLS is startRLS with rls built without the race detector, whatever the tests run
+// with.
+func startPlainRLS(t *testing.T, args ...string) *rlsProc {
+	t.Helper()
+	args = append(args, "--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0")
+	p := rlstest.Launch(t, rlstest.BuildBinary(t, false), nil, args...)
+	p.WaitReady(t)
+	return &rlsProc{p}
+}
+
+// The phases of TestShortDeadlineAnsweredByRLS.
+const (
+	phaseHealthy  = iota // Redis answers
+	phaseStalled         // Redis sleeps
+	phaseSettling        // Redis just woke: calls sent now are counted in neither
+)
+
 // TestShortDeadlineAnsweredByRLS: callers with a 20 ms deadline while Redis stalls (DEBUG SLEEP
-// 0.3 eight times) get rls's answer (OK from --failure-mode allow) before their deadline, not
-// DEADLINE_EXCEEDED: at most 0.2% of the answers the failure mode owed them are missed, beyond
-// those missed as often with Redis healthy (a machine too busy to answer anyone in 20 ms; none
-// on a quiet one), counted first with as many callers for as long. The key's one hit a day is
-// spent first, so that Redis answers OVER_LIMIT and every OK is the failure mode's.
+// 0.3, eight times, 0.3 s apart) get rls's answer (OK from --failure-mode allow) before their
+// deadline, not DEADLINE_EXCEEDED: at most 0.2% of the answers the failure mode owed them are
+// missed, beyond as many as were missed in the same run between the stalls, with Redis healthy
+// (a machine too busy to answer anyone within 20 ms; none on a quiet one). The key's one hit a
+// day is spent first, so that Redis answers OVER_LIMIT and every OK is the failure mode's. rls
+// runs as built for production, without the race detector: its instrumentation, several times
+// the CPU of a call, would be measured against the deadline's margin instead of rls.
 func TestShortDeadlineAnsweredByRLS(t *testing.T) {
 	r := redistest.StartWith(t, "--enable-debug-command", "yes")
-	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"short.yaml": `
+	p := startPlainRLS(t, "--config", writeRules(t, map[string]string{"short.yaml": `
 domain: short
 descriptors:
   - key: k
@@ -143,64 +171,79 @@ descriptors:
 		}
 	}
 
-	// calls runs 8 callers, each calling with a 20 ms deadline and pausing 2 ms between calls
-	// (as a proxy's callers come and go: 8 callers spinning on 2 CPUs would measure the
-	// machine's starvation, not rls), while during runs.
-	calls := func(during func()) *shortCounts {
-		var c shortCounts
-		stop := make(chan struct{})
-		var wg sync.WaitGroup
-		for range 8 {
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
-					resp, err := client.ShouldRateLimit(ctx, req)
-					cancel()
-					switch {
-					case err == nil && resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
-						c.ok.Add(1)
-					case err == nil && resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
-						c.over.Add(1)
-					case status.Code(err) == codes.DeadlineExceeded:
-						c.deadline.Add(1)
-					default:
-						if c.other.Add(1) <= 5 {
-							t.Errorf("answer %v %v", resp.GetOverallCode(), err)
-						}
-					}
-					time.Sleep(2 * time.Millisecond)
+	// 8 callers, each calling with a 20 ms deadline and pausing 2 ms between calls (as a
+	// proxy's callers come and go: 8 callers spinning on 2 CPUs would measure the machine's
+	// starvation, not rls). A call sent while Redis stalls counts as stalled; one sent and
+	// answered while Redis is healthy, as healthy; any other in neither.
+	var phase atomic.Int32
+	var healthy, stalled shortCounts
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
 				}
-			})
-		}
-		during()
-		close(stop)
-		wg.Wait()
-		return &c
+				sent := phase.Load()
+				start := time.Now()
+				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+				resp, err := client.ShouldRateLimit(ctx, req)
+				took := time.Since(start)
+				cancel()
+				c := &stalled
+				if sent != phaseStalled {
+					if sent != phaseHealthy || phase.Load() != phaseHealthy {
+						continue
+					}
+					c = &healthy
+				}
+				if took > 5*time.Millisecond {
+					c.over5ms.Add(1)
+				}
+				switch {
+				case err == nil && resp.GetOverallCode() == rlsv3.RateLimitResponse_OK:
+					c.ok.Add(1)
+				case err == nil && resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT:
+					c.over.Add(1)
+				case status.Code(err) == codes.DeadlineExceeded:
+					c.deadline.Add(1)
+				default:
+					if c.other.Add(1) <= 5 {
+						t.Errorf("answer %v %v", resp.GetOverallCode(), err)
+					}
+				}
+				time.Sleep(2 * time.Millisecond)
+			}
+		})
 	}
-	const stalls = 8
-	healthy := calls(func() { time.Sleep(stalls * 400 * time.Millisecond) })
-	t.Logf("Redis healthy: %v", healthy)
-	stalled := calls(func() {
-		for range stalls {
-			debugSleep(t, r.Addr(), 300*time.Millisecond)
-			time.Sleep(100 * time.Millisecond)
-		}
-	})
+	for range 8 {
+		time.Sleep(300 * time.Millisecond)
+		phase.Store(phaseStalled)
+		debugSleep(t, r.Addr(), 300*time.Millisecond)
+		phase.Store(phaseSettling)
+		time.Sleep(30 * time.Millisecond)
+		phase.Store(phaseHealthy)
+	}
+	close(stop)
+	wg.Wait()
+
 	owed := stalled.ok.Load() + stalled.deadline.Load() // the answers the failure mode owed: Redis did not decide
 	missed := stalled.deadline.Load()
-	t.Logf("Redis stalling: %v: %.3f%% of %d owed answers missed (with Redis healthy: %d missed)",
-		stalled, 100*float64(missed)/float64(max(owed, 1)), owed, healthy.deadline.Load())
-	if owed < 500 {
-		t.Fatalf("only %d decisions while Redis slept", owed)
+	// Misses as frequent as with Redis healthy are the machine's.
+	machine := (healthy.deadline.Load()*stalled.total() + healthy.total() - 1) / max(healthy.total(), 1)
+	t.Logf("Redis healthy: %v; Redis stalling: %v: %.3f%% of %d owed answers missed (with Redis healthy: %.3f%% of all missed, %.3f%% took over 5 ms)",
+		&healthy, &stalled, 100*float64(missed)/float64(max(owed, 1)), owed,
+		100*float64(healthy.deadline.Load())/float64(max(healthy.total(), 1)),
+		100*float64(healthy.over5ms.Load())/float64(max(healthy.total(), 1)))
+	if owed < 500 || healthy.total() < 500 {
+		t.Fatalf("only %d decisions while Redis slept and %d while it was healthy", owed, healthy.total())
 	}
-	if allowed := owed/500 + healthy.deadline.Load(); missed > allowed {
-		t.Errorf("%d of %d callers (%.3f%%) whose decision Redis did not make saw DEADLINE_EXCEEDED, want at most %d (0.2%%, and %d as with Redis healthy): rls answered after their deadline",
-			missed, owed, 100*float64(missed)/float64(owed), allowed, healthy.deadline.Load())
+	if allowed := owed/500 + machine; missed > allowed {
+		t.Errorf("%d of %d callers (%.3f%%) whose decision Redis did not make saw DEADLINE_EXCEEDED, want at most %d (0.2%%, and %d as often as with Redis healthy): rls answered after their deadline",
+			missed, owed, 100*float64(missed)/float64(owed), allowed, machine)
 	}
 }
 

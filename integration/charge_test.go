@@ -2,7 +2,9 @@ package integration
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +40,54 @@ func chargeArgs(t *testing.T, url string) []string {
 	return []string{"--config", writeRules(t, map[string]string{"charge.yaml": chargeRules}), "--backend", "redis",
 		"--redis-url", url, "--redis-key-prefix", "chg:", "--redis-coalesce", "0", "--redis-local-cache-size", "0",
 		"--failure-mode", "error", "--redis-timeout", "1s"}
+}
+
+// chargeInterval is the time one hit of chargeRules's limit (ten a day) adds to its key's
+// theoretical arrival time.
+const chargeInterval = 24 * time.Hour / 10
+
+// chargedKeys counts the keys of the Redis behind c that match pattern, and those charged more
+// than once: each holds, first, its GCRA theoretical arrival time (a little-endian double, in
+// microseconds of Redis's clock), one chargeInterval past the instant of its decision per hit.
+func chargedKeys(t *testing.T, c *goredis.Client, pattern string) (keys, twice int64) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var names []string
+	iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
+	for iter.Next(ctx) {
+		names = append(names, iter.Val())
+	}
+	if err := iter.Err(); err != nil {
+		t.Fatalf("SCAN %s on %s: %v", pattern, c.Options().Addr, err)
+	}
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for start := 0; start < len(names); start += 1000 {
+		pipe := c.Pipeline()
+		var gets []*goredis.StringCmd
+		for _, k := range names[start:min(start+1000, len(names))] {
+			gets = append(gets, pipe.Get(ctx, k))
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			t.Fatalf("GET the keys %s on %s: %v", pattern, c.Options().Addr, err)
+		}
+		for _, g := range gets {
+			v := []byte(g.Val())
+			if len(v) < 8 {
+				t.Fatalf("key %s holds %q, not a GCRA state", g.Args()[1], v)
+			}
+			tat := time.UnixMicro(int64(math.Float64frombits(binary.LittleEndian.Uint64(v))))
+			// One hit: tat is one interval past its decision, less than an interval and the
+			// test's length ahead; two: more than an interval ahead.
+			if ahead := tat.Sub(now); ahead > chargeInterval+time.Minute {
+				twice++
+			}
+		}
+	}
+	return int64(len(names)), twice
 }
 
 // loadCounts are what the callers of one load run saw.
@@ -245,43 +295,48 @@ func killNormalClients(c *goredis.Client) int64 {
 // master up to its death, and the promoted master holds one key per script call run.
 func TestChargedOnce(t *testing.T) {
 	const rate = 1000
+	// phase runs the load for d on client, killing the connections of the Redis at addr when
+	// kill, and returns what the callers saw, the script calls Redis ran, the keys it holds
+	// and those charged twice.
+	phase := func(t *testing.T, client rlsv3.RateLimitServiceClient, addr, tag string, kill bool, d time.Duration) (c *loadCounts, runs, keys, twice, killed int64) {
+		t.Helper()
+		admin := redisAdmin(t, addr)
+		before := nodeScriptRuns(t, admin)
+		stop := make(chan struct{})
+		var kills *atomic.Int64
+		killDone := make(<-chan struct{})
+		if kill {
+			kills, killDone = killClients(func() string { return addr }, stop)
+		}
+		time.AfterFunc(d, func() { close(stop) })
+		c = runChargeLoad(t, client, tag, rate, stop)
+		if kill {
+			<-killDone
+			killed = kills.Load()
+		}
+		// A call abandoned by its caller is never sent late; one in flight is answered within
+		// the read timeout at most, far less on a killed connection.
+		time.Sleep(500 * time.Millisecond)
+		runs = nodeScriptRuns(t, admin) - before
+		keys, twice = chargedKeys(t, admin, "*"+tag+"-*")
+		return c, runs, keys, twice, killed
+	}
+
 	t.Run("single", func(t *testing.T) {
 		r := redistest.Start(t)
-		admin := redisAdmin(t, r.Addr())
 		client := startRLS(t, nil, chargeArgs(t, r.URL())...).client(t)
 
-		phase := func(tag string, kill bool, d time.Duration) (c *loadCounts, runs, keys, killed int64) {
-			t.Helper()
-			before := nodeScriptRuns(t, admin)
-			stop := make(chan struct{})
-			var kills *atomic.Int64
-			killDone := make(<-chan struct{})
-			if kill {
-				kills, killDone = killClients(r.Addr, stop)
-			}
-			time.AfterFunc(d, func() { close(stop) })
-			c = runChargeLoad(t, client, tag, rate, stop)
-			if kill {
-				<-killDone
-				killed = kills.Load()
-			}
-			// A call abandoned by its caller is never sent late; one in flight is answered
-			// within the read timeout at most, far less on a killed connection.
-			time.Sleep(500 * time.Millisecond)
-			return c, nodeScriptRuns(t, admin) - before, keysMatching(t, admin, "*"+tag+"-*"), killed
-		}
-
-		c, runs, keys, _ := phase("ctl", false, 2*time.Second)
-		t.Logf("control: %v; Redis ran %d script calls, holds %d keys", c, runs, keys)
+		c, runs, keys, twice, _ := phase(t, client, r.Addr(), "ctl", false, 2*time.Second)
+		t.Logf("control: %v; Redis ran %d script calls, holds %d keys, %d charged twice", c, runs, keys, twice)
 		if c.sent.Load() < 200 {
 			t.Fatalf("control: only %d requests sent", c.sent.Load())
 		}
-		if c.ok.Load() != c.sent.Load() || runs != c.sent.Load() || keys != c.sent.Load() {
-			t.Errorf("control: %v, %d script calls, %d keys: want all equal", c, runs, keys)
+		if c.ok.Load() != c.sent.Load() || runs != c.sent.Load() || keys != c.sent.Load() || twice != 0 {
+			t.Errorf("control: %v, %d script calls, %d keys (%d charged twice): want all equal, none twice", c, runs, keys, twice)
 		}
 
-		c, runs, keys, killed := phase("kill", true, 4*time.Second)
-		t.Logf("kills: %v; %d connections killed; Redis ran %d script calls, holds %d keys", c, killed, runs, keys)
+		c, runs, keys, twice, killed := phase(t, client, r.Addr(), "kill", true, 4*time.Second)
+		t.Logf("kills: %v; %d connections killed; Redis ran %d script calls, holds %d keys, %d charged twice", c, killed, runs, keys, twice)
 		if killed < 10 {
 			t.Errorf("only %d connections killed: the test did not disturb rls", killed)
 		}
@@ -296,6 +351,37 @@ func TestChargedOnce(t *testing.T) {
 		}
 		if runs != keys {
 			t.Errorf("Redis ran %d script calls but holds %d keys, one per decision that ran: %d calls ran again", runs, keys, runs-keys)
+		}
+		if twice != 0 {
+			t.Errorf("%d of %d keys were charged twice", twice, keys)
+		}
+	})
+
+	// With decisions coalesced (the default), many go in one merged script call: counting
+	// calls tells nothing, but each key holds how often it was charged.
+	t.Run("single coalesced", func(t *testing.T) {
+		r := redistest.Start(t)
+		args := chargeArgs(t, r.URL())
+		for i, a := range args {
+			if a == "--redis-coalesce" {
+				args = append(args[:i], args[i+2:]...)
+				break
+			}
+		}
+		client := startRLS(t, nil, args...).client(t)
+		c, runs, keys, twice, killed := phase(t, client, r.Addr(), "co", true, 3*time.Second)
+		t.Logf("kills: %v; %d connections killed; Redis ran %d script calls, holds %d keys, %d charged twice", c, killed, runs, keys, twice)
+		if killed < 10 {
+			t.Errorf("only %d connections killed: the test did not disturb rls", killed)
+		}
+		if c.sent.Load() < 1000 {
+			t.Fatalf("kills: only %d requests sent", c.sent.Load())
+		}
+		if keys > c.sent.Load() || keys < c.answered() {
+			t.Errorf("Redis holds %d keys, one per decision that ran, for %d decisions asked and %d answered", keys, c.sent.Load(), c.answered())
+		}
+		if twice != 0 {
+			t.Errorf("%d of %d keys were charged twice", twice, keys)
 		}
 	})
 
@@ -368,8 +454,13 @@ func TestChargedOnce(t *testing.T) {
 		if runs < c.answered() {
 			t.Errorf("Redis ran %d script calls but answered %d decisions", runs, c.answered())
 		}
-		if keys := keysMatching(t, admins[promoted], "*snt-*"); keys != runs {
+		keys, twice := chargedKeys(t, admins[promoted], "*snt-*")
+		t.Logf("the promoted master holds %d keys, %d charged twice", keys, twice)
+		if keys != runs {
 			t.Errorf("Redis ran %d script calls but the promoted master holds %d keys, one per decision that ran: %d calls ran again", runs, keys, runs-keys)
+		}
+		if twice != 0 {
+			t.Errorf("%d of %d keys were charged twice", twice, keys)
 		}
 	})
 }

@@ -92,12 +92,12 @@ func chargedKeys(t *testing.T, c *goredis.Client, pattern string) (keys, twice i
 
 // loadCounts are what the callers of one load run saw.
 type loadCounts struct {
-	sent, ok, over, unavailable, other atomic.Int64
+	sent, ok, over, unavailable, late, other atomic.Int64
 }
 
 func (c *loadCounts) String() string {
-	return fmt.Sprintf("%d sent: %d OK, %d OVER_LIMIT, %d UNAVAILABLE, %d other",
-		c.sent.Load(), c.ok.Load(), c.over.Load(), c.unavailable.Load(), c.other.Load())
+	return fmt.Sprintf("%d sent: %d OK, %d OVER_LIMIT, %d UNAVAILABLE, %d DEADLINE_EXCEEDED, %d other",
+		c.sent.Load(), c.ok.Load(), c.over.Load(), c.unavailable.Load(), c.late.Load(), c.other.Load())
 }
 
 // answered is the decisions Redis answered: OK or OVER_LIMIT, never the failure mode (error).
@@ -134,6 +134,10 @@ func runChargeLoad(t *testing.T, client rlsv3.RateLimitServiceClient, tag string
 					c.over.Add(1)
 				case status.Code(err) == codes.Unavailable:
 					c.unavailable.Add(1)
+				case status.Code(err) == codes.DeadlineExceeded:
+					// A machine starved of CPU for a second (another test, another process):
+					// the decision may have run or not, as under a killed connection.
+					c.late.Add(1)
 				default:
 					if c.other.Add(1) <= 5 {
 						t.Errorf("%s: %v %v", key, resp.GetOverallCode(), err)

@@ -105,6 +105,10 @@ func TestRedisSlowCountedAsSlow(t *testing.T) {
 	if slow <= 0 {
 		t.Errorf("rls_redis_slow_total rose by %v while Redis slept: the stalls were not counted as Redis slow", slow)
 	}
+	if nodeKey := `rls_redis_slow_total{node="` + r.Addr() + `"}`; metricNumber(t, after, nodeKey)-metricNumber(t, before, nodeKey) != slow {
+		t.Errorf("%s rose by %v, want all of rls_redis_slow_total's +%v: the node that slept", nodeKey,
+			metricNumber(t, after, nodeKey)-metricNumber(t, before, nodeKey), slow)
+	}
 	if timeouts < slow {
 		t.Errorf("%s rose by %v, less than rls_redis_slow_total (+%v): a slow decision is a backend timeout too", timeoutKey, timeouts, slow)
 	}

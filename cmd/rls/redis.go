@@ -41,7 +41,7 @@ func redisFlags(fs *flag.FlagSet) *redisConfig {
 	fs.DurationVar(&rc.dialTimeout, "redis-dial-timeout", time.Second, "--backend redis: timeout for connecting to Redis")
 	fs.DurationVar(&rc.readTimeout, "redis-read-timeout", time.Second, "--backend redis: timeout for one socket read or write; a reply slower than this counts as Redis failing")
 	fs.DurationVar(&rc.timeout, "redis-timeout", 50*time.Millisecond,
-		"--backend redis: longest a decision waits for Redis before the failure mode applies; a caller's deadline (Envoy's rate limit timeout, 20ms by default) less a quarter (at least 2ms) shortens it")
+		"--backend redis: longest a decision waits for Redis before the failure mode applies; a caller's deadline (Envoy's rate limit timeout, 20ms by default) halved (leaving at least 2ms) shortens it")
 	fs.DurationVar(&rc.healthInterval, "redis-health-interval", time.Second,
 		"--backend redis: how often each Redis master is probed on its own connection and its epoch key read: finds a master that went away while no decision used it, and a Redis that lost its data (a flush, a restart without persistence), which is logged and counted (rls_redis_state_resets_total)")
 	fs.StringVar(&rc.keyPrefix, "redis-key-prefix", "rls:", "--backend redis: prefix of every Redis key")

@@ -136,11 +136,12 @@ func (n *node) healthChanged(healthy bool, cause error) {
 
 // ranOut returns the error of a decision whose budget passed before the node answered it.
 // Whether the time went waiting in this process (CPU, the queue) or on Redis cannot be told
-// from the decision: a probe on the node's own connection tells. While a probe has had no
-// answer for slowAfter, nor has anything else from the node, and this process was not starved
-// of CPU meanwhile, the node is slow: the decision fails as Redis slow (counted per node, as a
-// backend timeout). Otherwise it counts as overload, and a probe is sent when the node has not
-// replied for slowAfter; a probe with no answer within the probe timeout opens the breaker.
+// from the decision: a probe on the node's own connection tells. A probe goes out when a
+// pipeline has had no answer for slowAfter, or when a decision runs out of time and the node
+// has not replied for slowAfter. While a probe has had no answer for slowAfter, nor has anything
+// else from the node, and this process was not starved of CPU meanwhile, the node is slow: the
+// decision fails as Redis slow (counted per node, as a backend timeout). Otherwise it counts as
+// overload. A probe with no answer within the probe timeout opens the breaker.
 func (n *node) ranOut() error {
 	if n.slowNow() {
 		n.slow.Add(1)
@@ -320,7 +321,11 @@ func (n *node) sendCalls(calls []*call, deadline time.Time) {
 			}
 		}
 	}
+	// A pipeline unanswered for slowAfter sends a probe, so that the decisions that then run out
+	// of time can tell a slow node from an overloaded process (see ranOut).
+	watch := time.AfterFunc(slowAfter, n.kickProbe)
 	n.observe(n.exec(ctx, cmds, asking), cmds)
+	watch.Stop()
 	for k, cmd := range cmds {
 		g := calls[k : k+1]
 		if merged {

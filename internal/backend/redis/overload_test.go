@@ -75,15 +75,15 @@ func TestBudget(t *testing.T) {
 		}
 	}
 	within(context.Background(), 50*time.Millisecond, 50*time.Millisecond)
-	// Envoy's default, 20ms: what is left less a quarter, whatever time passes before the call.
+	// Envoy's default, 20ms: half of what is left, whatever time passes before the call.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	d, _ := ctx.Deadline()
 	before := time.Until(d)
 	got := b.Budget(ctx)
 	after := time.Until(d)
-	if want := before - before/4; got > want || got < after-max(after/4, 2*time.Millisecond) || got > 15*time.Millisecond {
-		t.Fatalf("budget %v with %v to %v left, want what is left less a quarter (at most 15ms)", got, before, after)
+	if want := before - before/2; got > want || got < after-max(after/2, 2*time.Millisecond) || got > 10*time.Millisecond {
+		t.Fatalf("budget %v with %v to %v left, want half of what is left (at most 10ms)", got, before, after)
 	}
 	ctx, cancel = context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()

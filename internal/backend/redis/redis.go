@@ -26,7 +26,7 @@ type Options struct {
 	DialTimeout time.Duration
 	ReadTimeout time.Duration
 	// Timeout caps the budget of a decision (default 50ms). The budget is the caller's deadline
-	// less a margin (a quarter of what is left, at least 2ms), capped by Timeout; without a
+	// less a margin (half of what is left, at least 2ms), capped by Timeout; without a
 	// deadline, Timeout. A decision whose budget passes before Redis answers fails with
 	// backend.ErrOverloaded, and so does one whose deadline leaves no budget at all, at once and
 	// without reaching Redis. Running out of time never opens the breaker by itself: when Redis
@@ -409,8 +409,8 @@ func (b *Backend) Close() error {
 }
 
 // Budget returns how long a decision asked with ctx may take: the caller's deadline less a
-// margin (a quarter of what is left, at least 2ms: time for the failure mode's answer to reach
-// the caller before its deadline on a busy machine), capped by Options.Timeout.
+// margin (half of what is left, at least 2ms: time for the failure mode's answer to reach the
+// caller before its deadline on a busy machine), capped by Options.Timeout.
 func (b *Backend) Budget(ctx context.Context) time.Duration { return b.budgetAt(ctx, time.Now()) }
 
 // budgetAt is Budget at the instant now.
@@ -420,7 +420,7 @@ func (b *Backend) budgetAt(ctx context.Context, now time.Time) time.Duration {
 		return b.timeout
 	}
 	left := d.Sub(now)
-	return min(b.timeout, left-max(left/4, 2*time.Millisecond))
+	return min(b.timeout, left-max(left/2, 2*time.Millisecond))
 }
 
 // Decide implements backend.Backend.

@@ -161,37 +161,14 @@ func redisAdmin(t *testing.T, addr string) *goredis.Client {
 	return c
 }
 
-// nodeScriptRuns is how many script calls the Redis behind c has run: FCALL, EVALSHA and EVAL from
-// INFO commandstats, their calls less their failed_calls. Redis 7.0 counts a call that found no
-// script (NOSCRIPT) or no function ("Function not found") in both calls and failed_calls, and
-// one refused before it ran (rejected_calls) in neither: such calls ran nothing, and rls sends
-// them again as EVAL, which is then counted.
+// nodeScriptRuns is how many script calls the Redis behind c has run (see redistest.ScriptRuns).
 func nodeScriptRuns(t *testing.T, c *goredis.Client) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	info, err := c.Info(ctx, "commandstats").Result()
+	runs, err := redistest.ScriptRuns(ctx, c)
 	if err != nil {
 		t.Fatalf("INFO commandstats on %s: %v", c.Options().Addr, err)
-	}
-	var runs int64
-	for _, line := range strings.Split(info, "\r\n") {
-		name, stats, ok := strings.Cut(line, ":")
-		if !ok || (name != "cmdstat_fcall" && name != "cmdstat_evalsha" && name != "cmdstat_eval") {
-			continue
-		}
-		var calls, failed int64
-		for _, kv := range strings.Split(stats, ",") {
-			k, v, _ := strings.Cut(kv, "=")
-			n, _ := strconv.ParseInt(v, 10, 64)
-			switch k {
-			case "calls":
-				calls = n
-			case "failed_calls":
-				failed = n
-			}
-		}
-		runs += calls - failed
 	}
 	return runs
 }

@@ -541,26 +541,9 @@ func scriptRuns(t *testing.T, c *redistest.Cluster) (int64, string) {
 		if n.Killed || n.Stopped {
 			t.Fatalf("node %s is down: its script calls are lost", n.Addr)
 		}
-		info, err := c.Client(n.Addr).Info(ctx, "commandstats").Result()
+		runs, err := redistest.ScriptRuns(ctx, c.Client(n.Addr))
 		if err != nil {
 			t.Fatalf("INFO commandstats on %s: %v", n.Addr, err)
-		}
-		var runs int64
-		for _, line := range strings.Split(info, "\r\n") {
-			name, stats, ok := strings.Cut(line, ":")
-			if !ok || (name != "cmdstat_fcall" && name != "cmdstat_evalsha" && name != "cmdstat_eval") {
-				continue
-			}
-			for _, kv := range strings.Split(stats, ",") {
-				k, v, _ := strings.Cut(kv, "=")
-				x, _ := strconv.ParseInt(v, 10, 64)
-				switch k {
-				case "calls":
-					runs += x
-				case "failed_calls":
-					runs -= x
-				}
-			}
 		}
 		total += runs
 		each = append(each, fmt.Sprintf("%s (%s) %d", n.Addr, n.Role, runs))

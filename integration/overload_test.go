@@ -119,6 +119,8 @@ func TestTinyDeadlines(t *testing.T) {
 	// A generous cap: the ordinary client must not fail for a CPU shared with the race detector.
 	p := startRLS(t, nil, "--config", rules, "--backend", "redis", "--redis-url", r.URL(), "--redis-timeout", "1s")
 	c := p.client(t)
+	// The ordinary caller is another client, on a connection of its own, as it would be.
+	ordinary := p.client(t)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	for g := range 32 {
@@ -139,7 +141,7 @@ func TestTinyDeadlines(t *testing.T) {
 	var failed error
 	for i := range 200 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-		resp, err := c.ShouldRateLimit(ctx, ovlRequest("user", "ordinary"))
+		resp, err := ordinary.ShouldRateLimit(ctx, ovlRequest("user", "ordinary"))
 		cancel()
 		if err == nil && (resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != uint32(999-i)) {
 			err = errors.New(resp.String())

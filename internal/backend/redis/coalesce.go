@@ -21,6 +21,7 @@ import (
 // carries the others' calls.
 type coalescer struct {
 	send    func(calls []*call, deadline time.Time) // runs calls as one pipeline, setting each call's reply or err
+	slow    func()                                  // called when a pipeline has been in flight for slowAfter (nil: never)
 	max     int                                     // calls per pipeline, but at least one caller's
 	senders int
 
@@ -60,8 +61,8 @@ func newPending() *pending {
 	return &pending{wake: make(chan struct{}, 1), timer: t}
 }
 
-func newCoalescer(send func([]*call, time.Time), max, senders int) *coalescer {
-	c := &coalescer{send: send, max: max, senders: senders}
+func newCoalescer(send func([]*call, time.Time), slow func(), max, senders int) *coalescer {
+	c := &coalescer{send: send, slow: slow, max: max, senders: senders}
 	c.cond.L = &c.mu
 	c.wg.Add(senders)
 	for range senders {
@@ -170,6 +171,13 @@ func (c *coalescer) run() {
 	defer c.wg.Done()
 	var batch []*pending
 	var calls []*call
+	// One timer per sender, armed while its pipeline is in flight.
+	var watch *time.Timer
+	if c.slow != nil {
+		watch = time.AfterFunc(time.Hour, c.slow)
+		watch.Stop()
+		defer watch.Stop()
+	}
 	for {
 		c.mu.Lock()
 		for len(c.queue) == 0 && !c.closed {
@@ -208,7 +216,13 @@ func (c *coalescer) run() {
 		c.queue = c.queue[:n]
 		c.mu.Unlock()
 
+		if watch != nil {
+			watch.Reset(slowAfter)
+		}
 		c.send(calls, deadline)
+		if watch != nil {
+			watch.Stop()
+		}
 
 		c.mu.Lock()
 		for _, p := range batch {

@@ -48,7 +48,7 @@ func pendingFor(keys ...string) *pending {
 // is dropped unsent, one in flight is abandoned and its pipeline still completes.
 func TestCoalescer(t *testing.T) {
 	f := &fakeSend{started: make(chan struct{}, 10), hold: make(chan struct{})}
-	c := newCoalescer(f.send, 3, 1)
+	c := newCoalescer(f.send, nil, 3, 1)
 	defer c.close()
 	never := make(chan struct{})
 
@@ -117,7 +117,7 @@ func waitQueued(t *testing.T, c *coalescer, n int) {
 // not signal the abandoned caller. A canceled caller returns canceled.
 func TestCoalescerAbandon(t *testing.T) {
 	f := &fakeSend{started: make(chan struct{}, 10), hold: make(chan struct{})}
-	c := newCoalescer(f.send, 8, 1)
+	c := newCoalescer(f.send, nil, 8, 1)
 	defer c.close()
 	p := pendingFor("a")
 	if res := c.do(p, time.Now().Add(20*time.Millisecond), nil); res != inFlight {
@@ -135,7 +135,7 @@ func TestCoalescerAbandon(t *testing.T) {
 
 	done := make(chan struct{})
 	f2 := &fakeSend{hold: make(chan struct{})}
-	c2 := newCoalescer(f2.send, 8, 1)
+	c2 := newCoalescer(f2.send, nil, 8, 1)
 	go func() { time.Sleep(10 * time.Millisecond); close(done) }()
 	if res := c2.do(pendingFor("x"), time.Now().Add(time.Minute), done); res != canceled {
 		t.Fatalf("canceled caller: %v, want canceled", res)
@@ -148,7 +148,7 @@ func TestCoalescerAbandon(t *testing.T) {
 // ran out of budget (overload), not canceled, however select picks between the two.
 func TestCoalescerBudgetBeforeCancel(t *testing.T) {
 	f := &fakeSend{hold: make(chan struct{})}
-	c := newCoalescer(f.send, 8, 1)
+	c := newCoalescer(f.send, nil, 8, 1)
 	defer func() { close(f.hold); c.close() }()
 	done := make(chan struct{})
 	close(done)
@@ -164,7 +164,7 @@ func TestCoalescerBudgetBeforeCancel(t *testing.T) {
 // are, with no stale wake-up or timer firing into the next use.
 func TestCoalescerReuse(t *testing.T) {
 	f := &fakeSend{}
-	c := newCoalescer(f.send, 4, 2)
+	c := newCoalescer(f.send, nil, 4, 2)
 	defer c.close()
 	var wg sync.WaitGroup
 	for g := range 8 {

@@ -57,11 +57,10 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(b.slotsDown()))
 	b.nodesMu.Lock()
-	nodes := b.nodeList
-	b.nodesMu.Unlock()
-	for _, n := range nodes {
+	for _, n := range b.nodes {
 		ch <- prometheus.MustNewConstMetric(slowDesc, prometheus.CounterValue, float64(n.slow.Load()), n.name)
 	}
+	b.nodesMu.Unlock()
 	for i, r := range reloadReasons {
 		ch <- prometheus.MustNewConstMetric(reloadsDesc, prometheus.CounterValue, float64(b.reloads[i].Load()), r)
 	}

@@ -74,7 +74,9 @@ func (b *Backend) newNode(name string, rdb, probe goredis.UniversalClient, own b
 	}
 	n.errSlow = fmt.Errorf("%w: redis slow: no answer within the budget, nor to a probe: %w", backend.ErrUnavailable, context.DeadlineExceeded)
 	cfg := b.nodeCfg
-	n.co = newCoalescer(n.sendCalls, cfg.coalesce, cfg.senders)
+	// A pipeline unanswered for slowAfter sends a probe, so that the decisions that then run out
+	// of time can tell a slow node from an overloaded process (see ranOut).
+	n.co = newCoalescer(n.sendCalls, n.kickProbe, cfg.coalesce, cfg.senders)
 	n.br = newBreaker(cfg.failures, cfg.cooldown, n.recover, n.healthChanged)
 	n.lastReply.Store(b.mono())
 	return n
@@ -321,11 +323,7 @@ func (n *node) sendCalls(calls []*call, deadline time.Time) {
 			}
 		}
 	}
-	// A pipeline unanswered for slowAfter sends a probe, so that the decisions that then run out
-	// of time can tell a slow node from an overloaded process (see ranOut).
-	watch := time.AfterFunc(slowAfter, n.kickProbe)
 	n.observe(n.exec(ctx, cmds, asking), cmds)
-	watch.Stop()
 	for k, cmd := range cmds {
 		g := calls[k : k+1]
 		if merged {
@@ -471,6 +469,9 @@ func (n *node) observe(err error, cmds []*goredis.Cmd) {
 	}
 	for _, c := range cmds {
 		cerr := c.Err()
+		if cerr == nil {
+			continue
+		}
 		if n.b.cluster {
 			switch {
 			case goredis.HasErrorPrefix(cerr, "MOVED"):

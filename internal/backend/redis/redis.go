@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime"
 	"runtime/metrics"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +16,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/logthrottle"
 )
 
 // Options configures a Backend. Only Target is required.
@@ -94,8 +97,7 @@ type Backend struct {
 	// Cluster: the slot map and the nodes of every master it has named.
 	topo         atomic.Pointer[topology]
 	nodesMu      sync.Mutex
-	nodes        map[string]*node
-	nodeList     []*node
+	nodes        map[string]*node // every master the slot map has named, by address
 	controls     map[string]*goredis.Client
 	reloadCh     chan struct{}
 	reloadReason atomic.Pointer[string]
@@ -125,9 +127,8 @@ type Backend struct {
 	bgClosed       bool
 	bgCtx          context.Context // ends at Close
 	bgCancel       context.CancelFunc
-	bg             sync.WaitGroup // reloadLibrary, topologyLoop
-	warnMu         sync.Mutex
-	warnNext       time.Time
+	bg             sync.WaitGroup        // reloadLibrary, topologyLoop
+	warn           *logthrottle.Throttle // warnings that repeat while Redis is down
 }
 
 var (
@@ -196,6 +197,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		evalOnly:   opts.evalOnly,
 		clientOpts: co,
 		nodes:      map[string]*node{},
+		warn:       logthrottle.New(opts.Logger, 10*time.Second),
 		controls:   map[string]*goredis.Client{},
 		reloadCh:   make(chan struct{}, 1),
 	}
@@ -391,11 +393,13 @@ func (b *Backend) Close() error {
 			errs = append(errs, b.single.close())
 		}
 		b.nodesMu.Lock()
-		nodes, controls := b.nodeList, b.controls
+		nodes := slices.Collect(maps.Values(b.nodes))
+		controls := slices.Collect(maps.Values(b.controls))
 		b.nodesMu.Unlock()
 		for _, n := range nodes {
 			errs = append(errs, n.close())
 		}
+		b.warn.Close()
 		for _, c := range controls {
 			errs = append(errs, c.Close())
 		}

@@ -112,7 +112,7 @@ func (b *Backend) topologyLoop() {
 		err := b.reloadTopology(ctx)
 		cancel()
 		if err != nil {
-			b.warnThrottled("redis cluster: slot map not reloaded; retrying", err)
+			b.warn.Warn("slot map not reloaded", "redis cluster: slot map not reloaded; retrying", "err", err)
 		}
 		select {
 		case <-b.bgCtx.Done():
@@ -120,19 +120,6 @@ func (b *Backend) topologyLoop() {
 		case <-time.After(reloadGap):
 		}
 	}
-}
-
-// warnThrottled logs a warning at most once every 10 s.
-func (b *Backend) warnThrottled(msg string, err error) {
-	b.warnMu.Lock()
-	now := time.Now()
-	if now.Before(b.warnNext) {
-		b.warnMu.Unlock()
-		return
-	}
-	b.warnNext = now.Add(10 * time.Second)
-	b.warnMu.Unlock()
-	b.log.Warn(msg, "err", err)
 }
 
 // reloadTopology fetches the slot map and publishes it.
@@ -171,6 +158,7 @@ func (b *Backend) fetchSlots(ctx context.Context) ([]goredis.ClusterSlot, error)
 		}()
 	}
 	var views [][]goredis.ClusterSlot
+	var sigs []string
 	var votes []int
 	var errs []error
 	var linger <-chan time.Time
@@ -191,10 +179,9 @@ func (b *Backend) fetchSlots(ctx context.Context) ([]goredis.ClusterSlot, error)
 		if linger == nil {
 			linger = time.After(fetchLinger)
 		}
-		sig := rangesSig(a.ranges)
-		i := slices.IndexFunc(views, func(v []goredis.ClusterSlot) bool { return rangesSig(v) == sig })
+		i := slices.Index(sigs, rangesSig(a.ranges))
 		if i < 0 {
-			views, votes = append(views, a.ranges), append(votes, 0)
+			views, sigs, votes = append(views, a.ranges), append(sigs, rangesSig(a.ranges)), append(votes, 0)
 			i = len(views) - 1
 		}
 		votes[i]++
@@ -327,7 +314,6 @@ func (b *Backend) nodeFor(addr string) *node {
 		readTimeout: b.clientOpts.readTimeout, contextTimeout: true})
 	n := b.newNode(addr, rdb, probe, true)
 	b.nodes[addr] = n
-	b.nodeList = append(b.nodeList, n)
 	n.start()
 	return n
 }

@@ -68,7 +68,7 @@ func debugSleep(t *testing.T, addr string, d time.Duration) {
 // under about 500 decisions a second, callers waiting up to 1 s, is counted as Redis slow
 // (rls_redis_slow_total, per node) and as backend timeouts, not as rls overload
 // (rls_overload_shed_total): rls itself was never short of time. Overload counts at most half
-// as many as Redis slow: the decisions that ran out before the probe found Redis slow.
+// as many as Redis slow.
 func TestRedisSlowCountedAsSlow(t *testing.T) {
 	r := redistest.StartWith(t, "--enable-debug-command", "yes")
 	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"charge.yaml": chargeRules}), "--backend", "redis",
@@ -112,9 +112,9 @@ func TestRedisSlowCountedAsSlow(t *testing.T) {
 	if timeouts < slow {
 		t.Errorf("%s rose by %v, less than rls_redis_slow_total (+%v): a slow decision is a backend timeout too", timeoutKey, timeouts, slow)
 	}
-	// Decisions that ran out of time before a probe could find Redis slow (the first of each
-	// stall, which sends the probe, and those while this process looked starved of CPU) count
-	// as overload; all the others as Redis slow.
+	// A pipeline unanswered for 20 ms sends the probe, so only decisions that ran out of time
+	// while this process looked starved of CPU count as overload (none on a quiet machine); the
+	// bound leaves room for one stall in three on a busy one.
 	if shed > slow/2 {
 		t.Errorf("rls_overload_shed_total rose by %v beside rls_redis_slow_total +%v, want at most half of it: a slow Redis is reported as rls overload", shed, slow)
 	}

@@ -87,7 +87,7 @@ type RateLimit struct {
 	Burst *uint32 `yaml:"burst"`
 	// UnitMultiplier is an rls extension: the period is UnitMultiplier units (unit: second,
 	// unit_multiplier: 30 is 30 seconds). Defaults to 1; must be > 0 when set, and the period
-	// no longer than 100 years (backend.MaxTolerance).
+	// no longer than 100 years (limit.MaxTolerance).
 	UnitMultiplier *uint32 `yaml:"unit_multiplier"`
 	// Overdraft is an rls extension for usage reported after the fact (LLM tokens counted when
 	// a response ends): a request's hits are charged even beyond what remains, so the key goes

@@ -18,6 +18,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // FailurePolicy is the answer when rls cannot answer in time: it is down, unreachable, too slow
@@ -266,23 +268,7 @@ func window(l *rlsv3.RateLimitResponse_RateLimit) time.Duration {
 	if m := l.GetUnitMultiplier(); m != nil && m.GetValue() > 0 {
 		mult = int64(m.GetValue())
 	}
-	var secs int64
-	switch l.GetUnit() {
-	case rlsv3.RateLimitResponse_RateLimit_SECOND:
-		secs = 1
-	case rlsv3.RateLimitResponse_RateLimit_MINUTE:
-		secs = 60
-	case rlsv3.RateLimitResponse_RateLimit_HOUR:
-		secs = 3600
-	case rlsv3.RateLimitResponse_RateLimit_DAY:
-		secs = 86400
-	case rlsv3.RateLimitResponse_RateLimit_WEEK:
-		secs = 7 * 86400
-	case rlsv3.RateLimitResponse_RateLimit_MONTH:
-		secs = 30 * 86400
-	case rlsv3.RateLimitResponse_RateLimit_YEAR:
-		secs = 365 * 86400
-	}
+	secs := limit.Unit(l.GetUnit()).Seconds()
 	return time.Duration(secs*mult) * time.Second
 }
 

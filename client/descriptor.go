@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"unicode/utf8"
+
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // Entry is one key/value pair of a descriptor.
@@ -54,39 +56,32 @@ func (d Descriptor) String() string {
 // (INVALID_ARGUMENT). It is a bug in the caller: no failure policy answers it.
 var ErrInvalid = errors.New("client: invalid request")
 
-// Bounds rls enforces on a request; see rls's README.
-const (
-	// MaxValueBytes is the longest descriptor value rls accepts.
-	MaxValueBytes = maxValueBytes
-
-	maxDescriptors = 64
-	maxEntries     = 32
-	maxKeyBytes    = 256
-	maxValueBytes  = 4096
-)
+// MaxValueBytes is the longest descriptor value rls accepts. The client checks a request
+// against the very bounds rls enforces (see rls's README) before it sends it.
+const MaxValueBytes = limit.MaxValueBytes
 
 func validate(descs []Descriptor) error {
 	if len(descs) == 0 {
 		return fmt.Errorf("%w: no descriptors", ErrInvalid)
 	}
-	if len(descs) > maxDescriptors {
-		return fmt.Errorf("%w: %d descriptors, at most %d", ErrInvalid, len(descs), maxDescriptors)
+	if len(descs) > limit.MaxDescriptors {
+		return fmt.Errorf("%w: %d descriptors, at most %d", ErrInvalid, len(descs), limit.MaxDescriptors)
 	}
 	for i, d := range descs {
 		if len(d) == 0 {
 			return fmt.Errorf("%w: descriptor %d has no entries", ErrInvalid, i)
 		}
-		if len(d) > maxEntries {
-			return fmt.Errorf("%w: descriptor %d has %d entries, at most %d", ErrInvalid, i, len(d), maxEntries)
+		if len(d) > limit.MaxEntries {
+			return fmt.Errorf("%w: descriptor %d has %d entries, at most %d", ErrInvalid, i, len(d), limit.MaxEntries)
 		}
 		for j, e := range d {
 			switch {
 			case e.Key == "":
 				return fmt.Errorf("%w: descriptor %d entry %d: empty key", ErrInvalid, i, j)
-			case len(e.Key) > maxKeyBytes:
-				return fmt.Errorf("%w: descriptor %d entry %d: key longer than %d bytes", ErrInvalid, i, j, maxKeyBytes)
-			case len(e.Value) > maxValueBytes:
-				return fmt.Errorf("%w: descriptor %d entry %d: value longer than %d bytes", ErrInvalid, i, j, maxValueBytes)
+			case len(e.Key) > limit.MaxKeyBytes:
+				return fmt.Errorf("%w: descriptor %d entry %d: key longer than %d bytes", ErrInvalid, i, j, limit.MaxKeyBytes)
+			case len(e.Value) > limit.MaxValueBytes:
+				return fmt.Errorf("%w: descriptor %d entry %d: value longer than %d bytes", ErrInvalid, i, j, limit.MaxValueBytes)
 			case !utf8.ValidString(e.Key) || !utf8.ValidString(e.Value):
 				return fmt.Errorf("%w: descriptor %d entry %d: not valid UTF-8", ErrInvalid, i, j)
 			}

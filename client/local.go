@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // LocalTier is an optional first tier in this process: a GCRA bucket per descriptor, decided by
@@ -42,8 +43,8 @@ func EachDescriptor(l LocalLimit) func(Descriptor) (LocalLimit, bool) {
 	return func(Descriptor) (LocalLimit, bool) { return l, true }
 }
 
-func (l LocalLimit) gcra() (backend.Limit, error) {
-	g := backend.Limit{Rate: l.Requests, Period: l.Per, Burst: l.Burst}
+func (l LocalLimit) gcra() (limit.Limit, error) {
+	g := limit.Limit{Rate: l.Requests, Period: l.Per, Burst: l.Burst}
 	if g.Burst == 0 {
 		g.Burst = g.Rate
 	}

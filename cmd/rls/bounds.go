@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/service"
 )
 
@@ -26,7 +26,7 @@ func boundsFlags(fs *flag.FlagSet) *boundsConfig {
 		"memory the requests being decided may hold at once (each counted by its descriptors and bytes, about 1.5 KiB for a typical Envoy request); a request past it is shed through the failure mode and counted in rls_inflight_shed_total; 0: no bound")
 	fs.StringVar(&b.overrides, "overrides", "allow",
 		"what a descriptor's limit override does: allow (decided by its own limit, in state of its own), ignore (decided by the rules as if it carried none) or refuse (the request is answered PERMISSION_DENIED)")
-	fs.DurationVar(&b.overrideMaxPeriod, "override-max-period", time.Duration(descriptors.Year.Seconds())*time.Second,
+	fs.DurationVar(&b.overrideMaxPeriod, "override-max-period", time.Duration(limit.Year.Seconds())*time.Second,
 		"longest period (unit × multiplier) an override may ask for; longer ones are answered INVALID_ARGUMENT (0: any)")
 	callLimitFlags(fs, &b.maxCalls)
 	return b

@@ -25,6 +25,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/service"
 )
 
@@ -448,7 +449,7 @@ func TestBackendCapabilities(t *testing.T) {
 		t.Errorf("memory backend, empty: metrics %v, want rls_memory_keys, rls_memory_bytes and rls_memory_evictions_total, all 0", got)
 	}
 	// 200 keys holding usage (1 an hour) in a backend of 64: the rest are evicted, and counted.
-	l := backend.Limit{Rate: 1, Period: time.Hour, Burst: 1}
+	l := limit.Limit{Rate: 1, Period: time.Hour, Burst: 1}
 	for i := range 200 {
 		if _, err := mem.Decide(context.Background(), []backend.Request{{Key: fmt.Sprint("k", i), Limit: l, Cost: 1}}, make([]backend.Decision, 1)); err != nil {
 			t.Fatal(err)

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // Mode says how a request's denial affects the rest of its batch.
@@ -21,7 +23,7 @@ const (
 // Request asks to charge Cost requests to the key Key under Limit.
 type Request struct {
 	Key    string
-	Limit  Limit
+	Limit  limit.Limit
 	Cost   int64 // hits; 0 only checks
 	Refund bool  // give Cost back instead of charging it (is_negative_hits)
 	Mode   Mode

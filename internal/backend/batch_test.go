@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // store is the simplest store of batch outcomes: what DecideBatch says to store, in a map.
@@ -32,8 +34,8 @@ func (st store) decide(reqs []Request, now int64) ([]Decision, []State, []State,
 
 // TestDecideBatchSteps walks a store through batches at fixed instants t0 and t1 = t0 + 1s.
 func TestDecideBatchSteps(t *testing.T) {
-	l := Limit{Rate: 2, Period: time.Second, Burst: 3} // T = 500ms, full burst = 1.5s
-	zero := Limit{Rate: 0, Period: time.Minute}
+	l := limit.Limit{Rate: 2, Period: time.Second, Burst: 3} // T = 500ms, full burst = 1.5s
+	zero := limit.Limit{Rate: 0, Period: time.Minute}
 	const ms = time.Millisecond
 	t0 := int64(1_000_000_000_000)
 	t1 := t0 + sec
@@ -130,7 +132,7 @@ func TestDecideBatchSteps(t *testing.T) {
 // admit when no enforced request is denied and not every quota request is; store the charges of
 // an admitted batch; report a refused batch's allowed requests as a check of the stored state.
 func TestDecideBatchProperties(t *testing.T) {
-	limits := []Limit{
+	limits := []limit.Limit{
 		{Rate: 2, Period: time.Second, Burst: 3},
 		{Rate: 7, Period: time.Second, Burst: 2},
 		{Rate: 3, Period: 2 * time.Second, Burst: 5},
@@ -249,7 +251,7 @@ func TestDecideBatchProperties(t *testing.T) {
 }
 
 func TestDecideBatchAllocatesNothing(t *testing.T) {
-	l := Limit{Rate: 10, Period: time.Second, Burst: 5}
+	l := limit.Limit{Rate: 10, Period: time.Second, Burst: 5}
 	reqs := []Request{{Key: "a", Limit: l, Cost: 1}, {Key: "b", Limit: l, Cost: 9}, {Key: "a", Limit: l, Cost: 1, Mode: Quota}}
 	states := make([]State, len(reqs))
 	out := make([]Decision, len(reqs))
@@ -260,7 +262,7 @@ func TestDecideBatchAllocatesNothing(t *testing.T) {
 }
 
 func BenchmarkDecideBatch(b *testing.B) {
-	l := Limit{Rate: 1000, Period: time.Second, Burst: 100}
+	l := limit.Limit{Rate: 1000, Period: time.Second, Burst: 100}
 	for _, n := range []int{1, 8, 64} {
 		b.Run(fmt.Sprint(n), func(b *testing.B) {
 			reqs := make([]Request, n)
@@ -286,8 +288,8 @@ func BenchmarkDecideBatch(b *testing.B) {
 // charge went over.
 func TestBatchOverdraft(t *testing.T) {
 	t0 := int64(1_000_000_000_000)
-	od := Limit{Rate: 10, Period: time.Minute, Burst: 10, Overdraft: true}
-	plain := Limit{Rate: 10, Period: time.Minute, Burst: 10}
+	od := limit.Limit{Rate: 10, Period: time.Minute, Burst: 10, Overdraft: true}
+	plain := limit.Limit{Rate: 10, Period: time.Minute, Burst: 10}
 	tests := []struct {
 		name              string
 		reqs              []Request

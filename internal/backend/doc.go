@@ -1,6 +1,6 @@
-// Package backend decides rate limits: the Limit and Decision value types, GCRA and the window
-// algorithms (fixed window on the clock or the calendar, sliding window, sliding log) as pure
-// functions over integer time, and the stores that keep their state (memory, redis) behind one
+// Package backend decides rate limits (package limit says what one is): the Decision and State
+// value types, GCRA and the window algorithms (fixed window on the clock or the calendar,
+// sliding window, sliding log) as pure functions over integer time, and the stores that keep their state (memory, redis) behind one
 // small interface. DecideBatch states the rules of a batch (all or nothing, repeated keys,
 // shadow and quota requests) once; every store applies what it decides.
 //

@@ -1,104 +1,11 @@
 package backend
 
 import (
-	"errors"
-	"fmt"
 	"math/bits"
 	"time"
+
+	"github.com/rls-project/rls/internal/limit"
 )
-
-// MaxTolerance bounds Burst×Period/Rate, the longest time a key's state can reach into the
-// future. It keeps every intermediate value of the arithmetic inside int64 microseconds.
-const MaxTolerance = 100 * 365 * 24 * time.Hour
-
-// Limit is a rate limit: Rate requests per Period, admitting up to Burst requests at once after
-// a quiet period. A Rate of 0 denies everything. The zero value is a limit that denies everything.
-type Limit struct {
-	Rate   int64         // requests per Period; 0 denies every request
-	Period time.Duration // whole microseconds, > 0
-	Burst  int64         // the GCRA tolerance in requests; > 0 when Rate > 0
-	// Overdraft charges a request's cost even when it does not fit: the key goes into debt
-	// (its TAT past now + Burst×Period/Rate, up to now + MaxTolerance) and every request but a
-	// refund is denied until the sustained rate has repaid it. For costs known only after the
-	// fact (tokens of a response). See Decide.
-	Overdraft bool
-	// Algorithm decides how requests are counted (default GCRA). Under the window algorithms
-	// Burst must equal Rate: Rate requests per window.
-	Algorithm Algorithm
-	// Window aligns FixedWindow's windows (zero: Period-long windows from the Unix epoch, UTC).
-	Window Window
-}
-
-// ErrInvalidLimit is returned for a limit that cannot be decided exactly.
-var ErrInvalidLimit = errors.New("invalid limit")
-
-// Validate reports whether l can be decided.
-func (l Limit) Validate() error {
-	if l.Algorithm != GCRA {
-		return l.validateWindow()
-	}
-	if l.Window != (Window{}) {
-		return fmt.Errorf("%w: a window alignment applies to fixed_window only", ErrInvalidLimit)
-	}
-	switch {
-	case l.Rate < 0:
-		return fmt.Errorf("%w: rate %d < 0", ErrInvalidLimit, l.Rate)
-	case l.Rate > 1<<32:
-		return fmt.Errorf("%w: rate %d too large", ErrInvalidLimit, l.Rate)
-	case l.Period < time.Microsecond || l.Period%time.Microsecond != 0:
-		return fmt.Errorf("%w: period %v must be a positive whole number of microseconds", ErrInvalidLimit, l.Period)
-	case l.Period > MaxTolerance:
-		return fmt.Errorf("%w: period %v longer than %v", ErrInvalidLimit, l.Period, MaxTolerance)
-	case l.Rate == 0:
-		return nil
-	case l.Burst <= 0:
-		return fmt.Errorf("%w: burst %d must be > 0", ErrInvalidLimit, l.Burst)
-	case l.Burst > 1<<32:
-		return fmt.Errorf("%w: burst %d too large", ErrInvalidLimit, l.Burst)
-	}
-	hi, lo := bits.Mul64(uint64(l.Burst), uint64(l.Period/time.Microsecond))
-	if hi >= uint64(l.Rate) {
-		return fmt.Errorf("%w: burst %d × period %v / rate %d exceeds %v", ErrInvalidLimit, l.Burst, l.Period, l.Rate, MaxTolerance)
-	}
-	q, _ := bits.Div64(hi, lo, uint64(l.Rate))
-	if q > uint64(MaxTolerance/time.Microsecond) {
-		return fmt.Errorf("%w: burst %d × period %v / rate %d exceeds %v", ErrInvalidLimit, l.Burst, l.Period, l.Rate, MaxTolerance)
-	}
-	return nil
-}
-
-func (l Limit) periodMicros() int64 { return int64(l.Period / time.Microsecond) }
-
-// MaxCharge is the largest cost an overdraft charge under l counts: the requests that fit in
-// MaxTolerance (at most 2^33), since the debt saturates there. A larger cost charges as much.
-// l must be valid with a Rate above 0.
-func (l Limit) MaxCharge() int64 {
-	const most = 1 << 33
-	hi, lo := bits.Mul64(uint64(MaxTolerance/time.Microsecond), uint64(l.Rate))
-	if hi >= uint64(l.periodMicros()) {
-		return most
-	}
-	q, _ := bits.Div64(hi, lo, uint64(l.periodMicros()))
-	return int64(min(q, most))
-}
-
-// ClampCost is the cost Decide counts of cost under l: none below 0; for an overdraft charge
-// at most MaxCharge, otherwise at most Burst+1 (any cost above the burst is denied alike).
-func (l Limit) ClampCost(cost int64) int64 {
-	most := l.Burst + 1
-	if l.Overdraft {
-		most = l.maxOverdraftCharge()
-	}
-	return min(max(cost, 0), most)
-}
-
-// maxOverdraftCharge is the most an overdraft charge under l counts.
-func (l Limit) maxOverdraftCharge() int64 {
-	if l.Algorithm == FixedWindow {
-		return maxWindowCharge
-	}
-	return l.MaxCharge()
-}
 
 // Decision is the outcome of one rate-limit check. The zero value denies.
 type Decision struct {
@@ -123,7 +30,7 @@ type State struct {
 	Period int64 // microseconds
 	// Alg is the algorithm that wrote the state; a state of another algorithm than the
 	// limit's is no usage (a rule that changes algorithm starts afresh).
-	Alg  Algorithm
+	Alg  limit.Algorithm
 	Prev int64 // SlidingWindow: hits of the window before TAT's
 	// Log is SlidingLog's record: (instant µs, hits) pairs, oldest first, one pair per instant
 	// that admitted hits. Never modified once stored: a decision that changes it makes a copy.
@@ -132,7 +39,7 @@ type State struct {
 
 // Fresh reports whether s holds no usage at time now: the key may be forgotten.
 func (s State) Fresh(now int64) bool {
-	if s.Alg != GCRA {
+	if s.Alg != limit.GCRA {
 		return windowFresh(&s, now)
 	}
 	return s.TAT < now || (s.TAT == now && s.Frac == 0)
@@ -168,30 +75,30 @@ func sub(a, b tick, rate int64) tick {
 
 // interval returns n emission intervals, n×Period/Rate, exactly. n×Period/Rate must fit the
 // bound Validate enforces (n ≤ Burst).
-func interval(n int64, l Limit) tick {
-	hi, lo := bits.Mul64(uint64(n), uint64(l.periodMicros()))
+func interval(n int64, l limit.Limit) tick {
+	hi, lo := bits.Mul64(uint64(n), uint64(l.PeriodMicros()))
 	q, r := bits.Div64(hi, lo, uint64(l.Rate))
 	return tick{int64(q), int64(r)}
 }
 
 // countCapped returns min(floor(d / T), most) for a span d ≥ 0 of any length.
-func countCapped(d tick, l Limit, most int64) int64 {
+func countCapped(d tick, l limit.Limit, most int64) int64 {
 	hi, lo := bits.Mul64(uint64(d.us), uint64(l.Rate))
 	lo, c := bits.Add64(lo, uint64(d.frac), 0)
 	hi += c
-	if hi >= uint64(l.periodMicros()) {
+	if hi >= uint64(l.PeriodMicros()) {
 		return most
 	}
-	q, _ := bits.Div64(hi, lo, uint64(l.periodMicros()))
+	q, _ := bits.Div64(hi, lo, uint64(l.PeriodMicros()))
 	return int64(min(q, uint64(most)))
 }
 
 // count returns floor(d / T) for a span d ≥ 0: how many emission intervals fit in d.
-func count(d tick, l Limit) int64 {
+func count(d tick, l limit.Limit) int64 {
 	hi, lo := bits.Mul64(uint64(d.us), uint64(l.Rate))
 	lo, c := bits.Add64(lo, uint64(d.frac), 0)
 	hi += c
-	q, _ := bits.Div64(hi, lo, uint64(l.periodMicros()))
+	q, _ := bits.Div64(hi, lo, uint64(l.PeriodMicros()))
 	return int64(q)
 }
 
@@ -208,23 +115,23 @@ func ceilDuration(d tick) time.Duration {
 }
 
 // maxSpan is MaxTolerance as a span: how far past now a debt reaches at most.
-var maxSpan = tick{us: int64(MaxTolerance / time.Microsecond)}
+var maxSpan = tick{us: int64(limit.MaxTolerance / time.Microsecond)}
 
 // current returns the TAT of s under limit l at time now: never before now, and clamped so that
 // a changed limit applies at once. State computed under another rate or period keeps the number
 // of requests it holds (rounded up), re-expressed in l's emission interval, up to a full burst
 // (a debt is forgiven when the rate or period changes); state under the same rate and period
 // is capped at a full burst of l, or under overdraft at MaxTolerance (its debt is kept).
-func current(s State, l Limit, now int64) tick {
+func current(s State, l limit.Limit, now int64) tick {
 	nowT := tick{us: now}
 	if s.Fresh(now) {
 		return nowT
 	}
 	var held tick
-	if s.Rate == l.Rate && s.Period == l.periodMicros() {
+	if s.Rate == l.Rate && s.Period == l.PeriodMicros() {
 		held = sub(tick{s.TAT, s.Frac}, nowT, l.Rate)
 	} else {
-		old := Limit{Rate: s.Rate, Period: time.Duration(s.Period) * time.Microsecond, Burst: 1}
+		old := limit.Limit{Rate: s.Rate, Period: time.Duration(s.Period) * time.Microsecond, Burst: 1}
 		if s.Rate <= 0 || s.Period <= 0 || s.Frac < 0 || s.Frac >= s.Rate {
 			return nowT // not a state this package wrote: forget it rather than guess
 		}
@@ -252,8 +159,8 @@ func current(s State, l Limit, now int64) tick {
 	return add(nowT, held, l.Rate)
 }
 
-func (t tick) state(l Limit) State {
-	return State{TAT: t.us, Frac: t.frac, Rate: l.Rate, Period: l.periodMicros()}
+func (t tick) state(l limit.Limit) State {
+	return State{TAT: t.us, Frac: t.frac, Rate: l.Rate, Period: l.PeriodMicros()}
 }
 
 // Decide applies GCRA: it charges cost requests to the key whose state is s, at time now
@@ -273,14 +180,14 @@ func (t tick) state(l Limit) State {
 // back. While in debt Remaining is 0 and every request with a cost, and every check, is denied;
 // a check's RetryAfter is then the time until the debt is repaid, when a check is admitted
 // again.
-func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
+func Decide(s State, l limit.Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{RetryAfter: l.Period}
 	}
 	if w := windowAlg(l.Algorithm); w != nil {
 		return w.decide(s, l, now, cost)
 	}
-	if s.Alg != GCRA {
+	if s.Alg != limit.GCRA {
 		s = State{}
 	}
 	tat := current(s, l, now)
@@ -322,19 +229,19 @@ func Decide(s State, l Limit, now int64, cost int64) (State, Decision) {
 // windowOps is how a window algorithm decides and refunds: one entry point per algorithm for
 // Decide and Refund both.
 type windowOps struct {
-	decide, refund func(State, Limit, int64, int64) (State, Decision)
+	decide, refund func(State, limit.Limit, int64, int64) (State, Decision)
 }
 
 // windowAlgs holds each window algorithm's windowOps, by Algorithm.
 var windowAlgs = [...]windowOps{
-	FixedWindow:   {decideFixed, refundFixed},
-	SlidingWindow: {decideSliding, refundSliding},
-	SlidingLog:    {decideLog, refundLog},
+	limit.FixedWindow:   {decideFixed, refundFixed},
+	limit.SlidingWindow: {decideSliding, refundSliding},
+	limit.SlidingLog:    {decideLog, refundLog},
 }
 
 // windowAlg returns a's entry of windowAlgs; nil under GCRA (or an algorithm Validate refuses).
-func windowAlg(a Algorithm) *windowOps {
-	if a == GCRA || int(a) >= len(windowAlgs) {
+func windowAlg(a limit.Algorithm) *windowOps {
+	if a == limit.GCRA || int(a) >= len(windowAlgs) {
 		return nil
 	}
 	return &windowAlgs[a]
@@ -343,7 +250,7 @@ func windowAlg(a Algorithm) *windowOps {
 // debt is Decide for a denied charge of cost > 0 under l.Overdraft, charged all the same: the
 // state after it, and a decision describing that state (in debt: 0 remaining, usable again
 // once the debt is repaid, a full burst back at its TAT).
-func debt(tat tick, l Limit, now int64, cost int64) (State, Decision) {
+func debt(tat tick, l limit.Limit, now int64, cost int64) (State, Decision) {
 	ns := overdrawn(tat, l, now, cost)
 	t, nowT := tick{us: ns.TAT, frac: ns.Frac}, tick{us: now}
 	return ns, Decision{
@@ -354,7 +261,7 @@ func debt(tat tick, l Limit, now int64, cost int64) (State, Decision) {
 
 // overdrawn returns the state after a denied charge of cost (0 < cost ≤ l.MaxCharge()) under
 // l.Overdraft on the TAT tat: tat + cost×T, saturated at now + MaxTolerance.
-func overdrawn(tat tick, l Limit, now int64, cost int64) State {
+func overdrawn(tat tick, l limit.Limit, now int64, cost int64) State {
 	// room ≥ 0: current never reaches past now + MaxTolerance.
 	room := sub(add(tick{us: now}, maxSpan, l.Rate), tat, l.Rate)
 	if c := interval(cost, l); c.less(room) || c == room {
@@ -365,14 +272,14 @@ func overdrawn(tat tick, l Limit, now int64, cost int64) State {
 
 // Refund gives back cost requests to the key whose state is s (is_negative_hits), never beyond a
 // full burst. It always allows.
-func Refund(s State, l Limit, now int64, cost int64) (State, Decision) {
+func Refund(s State, l limit.Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{Allowed: true}
 	}
 	if w := windowAlg(l.Algorithm); w != nil {
 		return w.refund(s, l, now, cost)
 	}
-	if s.Alg != GCRA {
+	if s.Alg != limit.GCRA {
 		s = State{}
 	}
 	tat := current(s, l, now)

@@ -5,13 +5,15 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/rls-project/rls/internal/limit"
 )
 
 const sec = int64(time.Second / time.Microsecond)
 
 // TestDecideSteps walks one key through a fixed sequence of instants t0..t8.
 func TestDecideSteps(t *testing.T) {
-	l := Limit{Rate: 2, Period: time.Second, Burst: 3} // T = 500ms, full burst = 1.5s
+	l := limit.Limit{Rate: 2, Period: time.Second, Burst: 3} // T = 500ms, full burst = 1.5s
 	t0 := int64(1_000_000_000_000)
 	steps := []struct {
 		name      string
@@ -44,7 +46,7 @@ func TestDecideSteps(t *testing.T) {
 }
 
 func TestDeniedLeavesStateUnchanged(t *testing.T) {
-	l := Limit{Rate: 7, Period: time.Second, Burst: 2}
+	l := limit.Limit{Rate: 7, Period: time.Second, Burst: 2}
 	now := int64(5 * sec)
 	s, _ := Decide(State{}, l, now, 2)
 	for _, cost := range []int64{1, 2, 3, 100} {
@@ -59,15 +61,15 @@ func TestDeniedLeavesStateUnchanged(t *testing.T) {
 // state, and RetryAfter is the time to a full burst plus one full burst span, never zero, so
 // that "retry now" is never said of a request that cannot pass.
 func TestCostAboveBurst(t *testing.T) {
-	l := Limit{Rate: 2, Period: time.Second, Burst: 3}   // T = 500ms, full burst = 1.5s
-	odd := Limit{Rate: 3, Period: time.Second, Burst: 2} // T = 333⅓ms, full burst = 666⅔ms
+	l := limit.Limit{Rate: 2, Period: time.Second, Burst: 3}   // T = 500ms, full burst = 1.5s
+	odd := limit.Limit{Rate: 3, Period: time.Second, Burst: 2} // T = 333⅓ms, full burst = 666⅔ms
 	t0 := int64(1_000_000_000_000)
 	used, _ := Decide(State{}, l, t0, 2)      // 2 of 3 used at t0
 	oddUsed, _ := Decide(State{}, odd, t0, 1) // 1 of 2 used at t0: TAT t0 + 333⅓ms
 	tests := []struct {
 		name string
 		s    State
-		l    Limit
+		l    limit.Limit
 		at   int64
 		cost int64
 		want Decision
@@ -77,7 +79,7 @@ func TestCostAboveBurst(t *testing.T) {
 		{"2 used", used, l, t0, 4, Decision{Remaining: 1, RetryAfter: 2500 * time.Millisecond, ResetAfter: time.Second}},
 		{"2 used, half refilled", used, l, t0 + sec/4, 4, Decision{Remaining: 1, RetryAfter: 2250 * time.Millisecond, ResetAfter: 750 * time.Millisecond}},
 		{"fractional spans round up each", oddUsed, odd, t0, 3, Decision{Remaining: 1, RetryAfter: 666667*time.Microsecond + 333334*time.Microsecond, ResetAfter: 333334 * time.Microsecond}},
-		{"rate 0", State{}, Limit{Period: time.Minute}, t0, 4, Decision{RetryAfter: time.Minute}},
+		{"rate 0", State{}, limit.Limit{Period: time.Minute}, t0, 4, Decision{RetryAfter: time.Minute}},
 	}
 	for _, tc := range tests {
 		got, d := Decide(tc.s, tc.l, tc.at, tc.cost)
@@ -88,7 +90,7 @@ func TestCostAboveBurst(t *testing.T) {
 }
 
 func TestRefund(t *testing.T) {
-	l := Limit{Rate: 10, Period: time.Minute, Burst: 10}
+	l := limit.Limit{Rate: 10, Period: time.Minute, Burst: 10}
 	now := int64(100 * sec)
 	s, _ := Decide(State{}, l, now, 8)
 	s, d := Refund(s, l, now, 3)
@@ -103,48 +105,25 @@ func TestRefund(t *testing.T) {
 
 func TestLimitChange(t *testing.T) {
 	now := int64(1000 * sec)
-	old := Limit{Rate: 10, Period: time.Minute, Burst: 10}
+	old := limit.Limit{Rate: 10, Period: time.Minute, Burst: 10}
 	s, _ := Decide(State{}, old, now, 10) // 10 of 10 used
 	tests := []struct {
 		name      string
-		l         Limit
+		l         limit.Limit
 		allowed   bool
 		remaining int64
 	}{
-		{"raised rate keeps usage", Limit{Rate: 100, Period: time.Minute, Burst: 100}, true, 89},
-		{"lowered rate caps at a full burst", Limit{Rate: 5, Period: time.Minute, Burst: 5}, false, 0},
-		{"raised burst only", Limit{Rate: 10, Period: time.Minute, Burst: 20}, true, 9},
-		{"lowered burst only", Limit{Rate: 10, Period: time.Minute, Burst: 5}, false, 0},
-		{"longer period", Limit{Rate: 10, Period: time.Hour, Burst: 100}, true, 89},
+		{"raised rate keeps usage", limit.Limit{Rate: 100, Period: time.Minute, Burst: 100}, true, 89},
+		{"lowered rate caps at a full burst", limit.Limit{Rate: 5, Period: time.Minute, Burst: 5}, false, 0},
+		{"raised burst only", limit.Limit{Rate: 10, Period: time.Minute, Burst: 20}, true, 9},
+		{"lowered burst only", limit.Limit{Rate: 10, Period: time.Minute, Burst: 5}, false, 0},
+		{"longer period", limit.Limit{Rate: 10, Period: time.Hour, Burst: 100}, true, 89},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			_, d := Decide(s, tc.l, now, 1)
 			if d.Allowed != tc.allowed || d.Remaining != tc.remaining {
 				t.Fatalf("got %+v, want allowed=%v remaining=%d", d, tc.allowed, tc.remaining)
-			}
-		})
-	}
-}
-
-func TestValidate(t *testing.T) {
-	tests := []struct {
-		name string
-		l    Limit
-		ok   bool
-	}{
-		{"ordinary", Limit{Rate: 60, Period: time.Minute, Burst: 10}, true},
-		{"deny all", Limit{Rate: 0, Period: time.Minute}, true},
-		{"zero burst", Limit{Rate: 1, Period: time.Minute}, false},
-		{"sub-microsecond period", Limit{Rate: 1, Period: time.Nanosecond, Burst: 1}, false},
-		{"negative rate", Limit{Rate: -1, Period: time.Second, Burst: 1}, false},
-		{"tolerance too long", Limit{Rate: 1, Period: 365 * 24 * time.Hour, Burst: 1000}, false},
-		{"huge but bounded", Limit{Rate: 1 << 32, Period: time.Second, Burst: 1 << 32}, true},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if err := tc.l.Validate(); (err == nil) != tc.ok {
-				t.Fatalf("Validate() = %v, want ok=%v", err, tc.ok)
 			}
 		})
 	}
@@ -157,7 +136,7 @@ type tokenBucket struct {
 	last                       int64
 }
 
-func newTokenBucket(l Limit) *tokenBucket {
+func newTokenBucket(l limit.Limit) *tokenBucket {
 	return &tokenBucket{
 		tokens:   big.NewRat(l.Burst, 1),
 		perMicro: big.NewRat(l.Rate, int64(l.Period/time.Microsecond)),
@@ -184,7 +163,7 @@ func (tb *tokenBucket) take(now, cost int64) (bool, int64) {
 // with fractions agree on every one of 60,000 random arrivals, for several rates, bursts and
 // costs, both on the decision and on the remaining count.
 func TestGCRAEqualsTokenBucket(t *testing.T) {
-	limits := []Limit{
+	limits := []limit.Limit{
 		{Rate: 1, Period: time.Second, Burst: 10},
 		{Rate: 7, Period: time.Second, Burst: 3},
 		{Rate: 60, Period: time.Minute, Burst: 60},
@@ -192,7 +171,7 @@ func TestGCRAEqualsTokenBucket(t *testing.T) {
 		{Rate: 13, Period: 7 * time.Second, Burst: 29},
 	}
 	for _, l := range limits {
-		t.Run(l.String(), func(t *testing.T) {
+		t.Run(limitName(l), func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(uint64(l.Rate), uint64(l.Burst)))
 			interval := int64(l.Period/time.Microsecond) / l.Rate
 			tb := newTokenBucket(l)
@@ -220,14 +199,14 @@ func TestGCRAEqualsTokenBucket(t *testing.T) {
 	}
 }
 
-func (l Limit) String() string {
+func limitName(l limit.Limit) string {
 	return big.NewRat(l.Rate, 1).RatString() + "/" + l.Period.String() + " burst " + big.NewRat(l.Burst, 1).RatString()
 }
 
 // TestWindowBound checks the property the seed states: in any window of length W, at most
 // burst + rate·W/period requests are admitted.
 func TestWindowBound(t *testing.T) {
-	l := Limit{Rate: 60, Period: time.Minute, Burst: 10}
+	l := limit.Limit{Rate: 60, Period: time.Minute, Burst: 10}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var s State
 	now := int64(1_000) * sec
@@ -277,7 +256,7 @@ func TestMinuteEdge(t *testing.T) {
 		t.Fatalf("fixed window admitted %d, want 120", fixedAdmitted)
 	}
 	for _, tc := range []struct{ burst, want int64 }{{60, 61}, {10, 11}, {1, 2}} {
-		l := Limit{Rate: 60, Period: time.Minute, Burst: tc.burst}
+		l := limit.Limit{Rate: 60, Period: time.Minute, Burst: tc.burst}
 		var s State
 		n := int64(0)
 		for _, at := range arrivals {
@@ -294,7 +273,7 @@ func TestMinuteEdge(t *testing.T) {
 }
 
 func BenchmarkDecide(b *testing.B) {
-	l := Limit{Rate: 1000, Period: time.Second, Burst: 100}
+	l := limit.Limit{Rate: 1000, Period: time.Second, Burst: 100}
 	var s State
 	now := int64(1_000) * sec
 	b.ReportAllocs()
@@ -342,7 +321,7 @@ func TestOverdraftSteps(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			l := Limit{Rate: 1000, Period: time.Minute, Burst: 1000, Overdraft: tc.overdraft}
+			l := limit.Limit{Rate: 1000, Period: time.Minute, Burst: 1000, Overdraft: tc.overdraft}
 			var s State
 			for _, st := range tc.steps {
 				var d Decision
@@ -360,9 +339,9 @@ func TestOverdraftSteps(t *testing.T) {
 // a changed rate forgives a debt (the key is re-expressed under the new rule, capped at a burst).
 func TestOverdraftBounds(t *testing.T) {
 	t0 := int64(1_000_000_000_000)
-	l := Limit{Rate: 1, Period: 5 * time.Second, Burst: 2, Overdraft: true}
+	l := limit.Limit{Rate: 1, Period: 5 * time.Second, Burst: 2, Overdraft: true}
 	s, d := Decide(State{}, l, t0, 1<<40)
-	if d.Allowed || s.TAT != t0+int64(MaxTolerance/time.Microsecond) || s.Frac != 0 {
+	if d.Allowed || s.TAT != t0+int64(limit.MaxTolerance/time.Microsecond) || s.Frac != 0 {
 		t.Fatalf("huge charge: %+v state %+v, want denied and the TAT at now + MaxTolerance", d, s)
 	}
 	if s2, _ := Decide(s, l, t0, 5); !s2.Equal(s) {
@@ -383,10 +362,10 @@ func TestOverdraftBounds(t *testing.T) {
 	if _, pd := Decide(s, plain, t0, 0); !pd.Allowed || pd.Remaining != 0 {
 		t.Fatalf("check once overdraft is off: %+v, want the debt capped at a burst", pd)
 	}
-	if got := (Limit{Rate: 1 << 32, Period: time.Microsecond, Burst: 1, Overdraft: true}).MaxCharge(); got != 1<<33 {
+	if got := (limit.Limit{Rate: 1 << 32, Period: time.Microsecond, Burst: 1, Overdraft: true}).MaxCharge(); got != 1<<33 {
 		t.Fatalf("MaxCharge of a fast limit: %d, want 2^33", got)
 	}
-	if got := l.MaxCharge(); got != int64(MaxTolerance/(5*time.Second)) {
-		t.Fatalf("MaxCharge: %d, want %d", got, int64(MaxTolerance/(5*time.Second)))
+	if got := l.MaxCharge(); got != int64(limit.MaxTolerance/(5*time.Second)) {
+		t.Fatalf("MaxCharge: %d, want %d", got, int64(limit.MaxTolerance/(5*time.Second)))
 	}
 }

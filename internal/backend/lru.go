@@ -3,6 +3,8 @@ package backend
 import (
 	"hash/maphash"
 	"strings"
+
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // entryOverhead is what one key costs in memory beyond its own bytes: its lruEntry (56 bytes),
@@ -29,7 +31,7 @@ type lruEntry struct {
 
 // extState is what a window algorithm's state holds beyond a GCRA state's fields.
 type extState struct {
-	alg         Algorithm
+	alg         limit.Algorithm
 	count, prev int64
 	log         []int64
 }
@@ -53,7 +55,7 @@ func (e *lruEntry) state() State {
 func (e *lruEntry) set(s State) int64 {
 	e.tat, e.period, e.rate1 = s.TAT, s.Period, uint32(s.Rate-1)
 	before := extBytes(e.ext)
-	if s.Alg == GCRA {
+	if s.Alg == limit.GCRA {
 		e.frac, e.ext = uint32(s.Frac), nil
 		return -before
 	}
@@ -66,7 +68,7 @@ func (e *lruEntry) set(s State) int64 {
 
 // packable reports whether set keeps s exactly.
 func packable(s State) bool {
-	if s.Alg != GCRA {
+	if s.Alg != limit.GCRA {
 		return s.Rate >= 1 && s.Rate <= 1<<32
 	}
 	return s.Rate >= 1 && s.Rate <= 1<<32 && s.Frac >= 0 && s.Frac < s.Rate

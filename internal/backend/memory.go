@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // MemoryOptions configures a Memory backend. The zero value is usable.
@@ -156,7 +158,7 @@ func (m *Memory) Decide(_ context.Context, reqs []Request, out []Decision) (bool
 	}
 	for i := range reqs {
 		if r := reqs[i].Limit.Rate; r < 0 || r > 1<<32 {
-			return false, fmt.Errorf("memory backend: %w: rate %d of key %q outside [0, 2^32]", ErrInvalidLimit, r, reqs[i].Key)
+			return false, fmt.Errorf("memory backend: %w: rate %d of key %q outside [0, 2^32]", limit.ErrInvalid, r, reqs[i].Key)
 		}
 	}
 	now := m.now().UnixMicro()

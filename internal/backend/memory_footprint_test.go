@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // TestMemoryFootprint measures what the memory backend costs per key: it fills a backend with
@@ -46,7 +47,7 @@ func TestMemoryFootprint(t *testing.T) {
 		t.Fatal(err)
 	}
 	rss0, heap0 := settled()
-	l := backend.Limit{Rate: 1000, Period: 24 * time.Hour, Burst: 1000}
+	l := limit.Limit{Rate: 1000, Period: 24 * time.Hour, Burst: 1000}
 	reqs := []backend.Request{{Limit: l, Cost: 1}}
 	out := make([]backend.Decision, 1)
 	pad := strings.Repeat("x", max(keyLen-12, 0))

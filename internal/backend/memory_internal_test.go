@@ -7,12 +7,14 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // TestMemoryEqualsDecideBatch: the memory backend stores what DecideBatch says, on random
 // batches at fixed instants, as the simplest store of its outcomes does.
 func TestMemoryEqualsDecideBatch(t *testing.T) {
-	limits := []Limit{
+	limits := []limit.Limit{
 		{Rate: 2, Period: time.Second, Burst: 3},
 		{Rate: 7, Period: time.Second, Burst: 2},
 		{Rate: 0, Period: time.Second},
@@ -124,7 +126,7 @@ func TestLRUTable(t *testing.T) {
 func TestEntryPacksState(t *testing.T) {
 	for _, s := range []State{
 		{TAT: 1, Frac: 0, Rate: 1, Period: 1},
-		{TAT: -5, Frac: 1<<32 - 1, Rate: 1 << 32, Period: int64(MaxTolerance / time.Microsecond)},
+		{TAT: -5, Frac: 1<<32 - 1, Rate: 1 << 32, Period: int64(limit.MaxTolerance / time.Microsecond)},
 		{TAT: 1 << 62, Frac: 6, Rate: 7, Period: 1_000_000},
 	} {
 		var e lruEntry

@@ -12,6 +12,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/backend/backendtest"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/rlstest"
 )
 
@@ -26,8 +27,8 @@ func TestMemoryConformance(t *testing.T) {
 }
 
 // perHour is a limit whose state stays charged for the whole of a test at a fixed instant.
-func perHour(rate, burst int64) backend.Limit {
-	return backend.Limit{Rate: rate, Period: time.Hour, Burst: burst}
+func perHour(rate, burst int64) limit.Limit {
+	return limit.Limit{Rate: rate, Period: time.Hour, Burst: burst}
 }
 
 func decideOne(t *testing.T, m *backend.Memory, r backend.Request) backend.Decision {
@@ -116,7 +117,7 @@ func TestMemoryDropsIdleKeys(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	l := backend.Limit{Rate: 1, Period: time.Second, Burst: 1}
+	l := limit.Limit{Rate: 1, Period: time.Second, Burst: 1}
 	for i := range 10 {
 		decideOne(t, m, backend.Request{Key: fmt.Sprint(i), Limit: l, Cost: 1})
 	}
@@ -149,8 +150,8 @@ func TestNewMemoryRejects(t *testing.T) {
 func TestMemoryRejectsRateOutOfRange(t *testing.T) {
 	m, _ := backend.NewMemory(backend.MemoryOptions{})
 	out := make([]backend.Decision, 1)
-	_, err := m.Decide(context.Background(), []backend.Request{{Key: "k", Limit: backend.Limit{Rate: 1<<32 + 1, Period: time.Hour, Burst: 1}, Cost: 1}}, out)
-	if !errors.Is(err, backend.ErrInvalidLimit) {
+	_, err := m.Decide(context.Background(), []backend.Request{{Key: "k", Limit: limit.Limit{Rate: 1<<32 + 1, Period: time.Hour, Burst: 1}, Cost: 1}}, out)
+	if !errors.Is(err, limit.ErrInvalid) {
 		t.Fatalf("got %v, want ErrInvalidLimit", err)
 	}
 }
@@ -180,7 +181,7 @@ func BenchmarkMemoryDecide(b *testing.B) {
 		b.Fatal(err)
 	}
 	// A long period keeps every key holding usage, as in steady state: no key leaves or re-enters.
-	l := backend.Limit{Rate: 1 << 30, Period: 100 * 24 * time.Hour, Burst: 1 << 30}
+	l := limit.Limit{Rate: 1 << 30, Period: 100 * 24 * time.Hour, Burst: 1 << 30}
 	keys := make([]string, 1024)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("5:bench|6:api_key|%d", i)
@@ -209,7 +210,7 @@ func BenchmarkMemoryDecideBatch(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l := backend.Limit{Rate: 1 << 30, Period: 100 * 24 * time.Hour, Burst: 1 << 30}
+	l := limit.Limit{Rate: 1 << 30, Period: 100 * 24 * time.Hour, Burst: 1 << 30}
 	reqs := make([]backend.Request, 8)
 	for i := range reqs {
 		reqs[i] = backend.Request{Key: fmt.Sprintf("5:bench|6:api_key|%d", i), Limit: l, Cost: 1}
@@ -231,7 +232,7 @@ func BenchmarkMemoryDecideChurn(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	l := backend.Limit{Rate: 1, Period: 100 * time.Microsecond, Burst: 1} // a key is idle 100µs after
+	l := limit.Limit{Rate: 1, Period: 100 * time.Microsecond, Burst: 1} // a key is idle 100µs after
 	keys := make([]string, 100_000)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("5:bench|6:api_key|%d", i)
@@ -272,9 +273,9 @@ func TestMemoryCountsWindowState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	decideOne(t, m, backend.Request{Key: "gcra", Limit: backendtest.PerMinute(backend.GCRA, 3), Cost: 1})
-	decideOne(t, m, backend.Request{Key: "fixd", Limit: backendtest.PerMinute(backend.FixedWindow, 3), Cost: 1})
-	decideOne(t, m, backend.Request{Key: "slog", Limit: backendtest.PerMinute(backend.SlidingLog, 3), Cost: 1})
+	decideOne(t, m, backend.Request{Key: "gcra", Limit: backendtest.PerMinute(limit.GCRA, 3), Cost: 1})
+	decideOne(t, m, backend.Request{Key: "fixd", Limit: backendtest.PerMinute(limit.FixedWindow, 3), Cost: 1})
+	decideOne(t, m, backend.Request{Key: "slog", Limit: backendtest.PerMinute(limit.SlidingLog, 3), Cost: 1})
 	// 4-byte keys at 112 bytes each; an extState of 48 bytes; a log of cap 2 (one entry).
 	if got, want := m.Bytes(), int64(3*(4+112)+48+48+16); got != want {
 		t.Fatalf("bytes %d, want %d", got, want)

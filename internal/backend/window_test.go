@@ -1,96 +1,14 @@
 package backend_test
 
 import (
-	"errors"
 	"math/rand/v2"
 	"testing"
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/backend/backendtest"
+	"github.com/rls-project/rls/internal/limit"
 )
-
-func TestBounds(t *testing.T) {
-	paris, err := time.LoadLocation("Europe/Paris")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ny, err := time.LoadLocation("America/New_York")
-	if err != nil {
-		t.Fatal(err)
-	}
-	day := 24 * time.Hour
-	fixed := func(p time.Duration, w backend.Window) backend.Limit {
-		return backend.Limit{Rate: 1, Burst: 1, Period: p, Algorithm: backend.FixedWindow, Window: w}
-	}
-	tests := []struct {
-		name       string
-		l          backend.Limit
-		at         time.Time
-		start, end time.Time
-	}{
-		{"minute", fixed(time.Minute, backend.Window{}), time.Date(2026, 3, 4, 10, 7, 59, 999999000, time.UTC),
-			time.Date(2026, 3, 4, 10, 7, 0, 0, time.UTC), time.Date(2026, 3, 4, 10, 8, 0, 0, time.UTC)},
-		{"minute at its start", fixed(time.Minute, backend.Window{}), time.Date(2026, 3, 4, 10, 8, 0, 0, time.UTC),
-			time.Date(2026, 3, 4, 10, 8, 0, 0, time.UTC), time.Date(2026, 3, 4, 10, 9, 0, 0, time.UTC)},
-		{"UTC week from Monday", fixed(7*day, backend.Window{Offset: 4 * 86400e6}), time.Date(2026, 3, 8, 23, 0, 0, 0, time.UTC), // a Sunday
-			time.Date(2026, 3, 2, 0, 0, 0, 0, time.UTC), time.Date(2026, 3, 9, 0, 0, 0, 0, time.UTC)},
-		{"before the epoch", fixed(time.Hour, backend.Window{}), time.Date(1969, 12, 31, 23, 30, 0, 0, time.UTC),
-			time.Date(1969, 12, 31, 23, 0, 0, 0, time.UTC), time.Date(1970, 1, 1, 0, 0, 0, 0, time.UTC)},
-		{"Paris day of the spring change: 23 hours", fixed(day, backend.Window{Calendar: backend.Day, Every: 1, Location: paris}),
-			time.Date(2026, 3, 29, 12, 0, 0, 0, paris), time.Date(2026, 3, 29, 0, 0, 0, 0, paris), time.Date(2026, 3, 30, 0, 0, 0, 0, paris)},
-		{"New York week from Monday", fixed(7*day, backend.Window{Calendar: backend.Week, Every: 1, Location: ny}),
-			time.Date(2026, 3, 2, 0, 30, 0, 0, time.UTC), // Sunday evening in New York
-			time.Date(2026, 2, 23, 0, 0, 0, 0, ny), time.Date(2026, 3, 2, 0, 0, 0, 0, ny)},
-		{"February", fixed(30*day, backend.Window{Calendar: backend.Month, Every: 1, Location: time.UTC}),
-			time.Date(2028, 2, 29, 23, 59, 59, 0, time.UTC), time.Date(2028, 2, 1, 0, 0, 0, 0, time.UTC), time.Date(2028, 3, 1, 0, 0, 0, 0, time.UTC)},
-		{"quarter", fixed(90*day, backend.Window{Calendar: backend.Month, Every: 3, Location: time.UTC}),
-			time.Date(2026, 6, 30, 0, 0, 0, 0, time.UTC), time.Date(2026, 4, 1, 0, 0, 0, 0, time.UTC), time.Date(2026, 7, 1, 0, 0, 0, 0, time.UTC)},
-		{"year in Paris", fixed(365*day, backend.Window{Calendar: backend.Year, Every: 1, Location: paris}),
-			time.Date(2026, 12, 31, 23, 30, 0, 0, time.UTC), // already 2027 in Paris
-			time.Date(2027, 1, 1, 0, 0, 0, 0, paris), time.Date(2028, 1, 1, 0, 0, 0, 0, paris)},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			if err := tc.l.Validate(); err != nil {
-				t.Fatal(err)
-			}
-			s, e := tc.l.Bounds(tc.at.UnixMicro())
-			if s != tc.start.UnixMicro() || e != tc.end.UnixMicro() {
-				t.Fatalf("Bounds(%v) = [%v, %v), want [%v, %v)", tc.at, time.UnixMicro(s).UTC(), time.UnixMicro(e).UTC(), tc.start.UTC(), tc.end.UTC())
-			}
-		})
-	}
-}
-
-func TestValidateAlgorithms(t *testing.T) {
-	tests := []struct {
-		name string
-		l    backend.Limit
-		ok   bool
-	}{
-		{"fixed window", backendtest.PerMinute(backend.FixedWindow, 10), true},
-		{"fixed window with overdraft", backend.Limit{Rate: 10, Burst: 10, Period: time.Minute, Algorithm: backend.FixedWindow, Overdraft: true}, true},
-		{"burst other than rate", backend.Limit{Rate: 10, Burst: 5, Period: time.Minute, Algorithm: backend.FixedWindow}, false},
-		{"sliding window with overdraft", backend.Limit{Rate: 10, Burst: 10, Period: time.Minute, Algorithm: backend.SlidingWindow, Overdraft: true}, false},
-		{"sliding log with overdraft", backend.Limit{Rate: 10, Burst: 10, Period: time.Minute, Algorithm: backend.SlidingLog, Overdraft: true}, false},
-		{"sliding log at its bound", backendtest.PerMinute(backend.SlidingLog, backend.MaxLogRate), true},
-		{"sliding log above its bound", backendtest.PerMinute(backend.SlidingLog, backend.MaxLogRate+1), false},
-		{"sliding window period in microseconds", backend.Limit{Rate: 10, Burst: 10, Period: time.Second + time.Microsecond, Algorithm: backend.SlidingWindow}, false},
-		{"sliding window rate × period too large", backend.Limit{Rate: 1 << 32, Burst: 1 << 32, Period: 365 * 24 * time.Hour, Algorithm: backend.SlidingWindow}, false},
-		{"calendar on a sliding window", backend.Limit{Rate: 10, Burst: 10, Period: time.Hour, Algorithm: backend.SlidingWindow,
-			Window: backend.Window{Calendar: backend.Month, Every: 1, Location: time.UTC}}, false},
-		{"calendar on GCRA", backend.Limit{Rate: 10, Burst: 10, Period: time.Hour, Window: backend.Window{Calendar: backend.Month, Every: 1}}, false},
-		{"calendar of 0 months", backend.Limit{Rate: 10, Burst: 10, Period: time.Hour, Algorithm: backend.FixedWindow, Window: backend.Window{Calendar: backend.Month}}, false},
-		{"unknown algorithm", backend.Limit{Rate: 10, Burst: 10, Period: time.Hour, Algorithm: 9}, false},
-	}
-	for _, tc := range tests {
-		err := tc.l.Validate()
-		if (err == nil) != tc.ok || (err != nil && !errors.Is(err, backend.ErrInvalidLimit)) {
-			t.Errorf("%s: Validate() = %v, want ok %v", tc.name, err, tc.ok)
-		}
-	}
-}
 
 // step is one request of a step table at t0 + at.
 type step struct {
@@ -103,7 +21,7 @@ type step struct {
 	reset     time.Duration
 }
 
-func runSteps(t *testing.T, l backend.Limit, t0 time.Time, steps []step) {
+func runSteps(t *testing.T, l limit.Limit, t0 time.Time, steps []step) {
 	t.Helper()
 	var s backend.State
 	for i, st := range steps {
@@ -126,7 +44,7 @@ var t0 = time.Date(2026, 11, 11, 12, 0, 0, 0, time.UTC)
 
 func TestFixedWindowSteps(t *testing.T) {
 	s := time.Second
-	runSteps(t, backendtest.PerMinute(backend.FixedWindow, 3), t0, []step{
+	runSteps(t, backendtest.PerMinute(limit.FixedWindow, 3), t0, []step{
 		{at: 0, cost: 0, allowed: true, remaining: 3},
 		{at: 10 * s, cost: 2, allowed: true, remaining: 1, reset: 50 * s},
 		{at: 20 * s, cost: 2, remaining: 1, retry: 40 * s, reset: 40 * s}, // does not fit: not charged
@@ -142,7 +60,7 @@ func TestFixedWindowSteps(t *testing.T) {
 
 func TestFixedWindowOverdraft(t *testing.T) {
 	s := time.Second
-	l := backendtest.PerMinute(backend.FixedWindow, 3)
+	l := backendtest.PerMinute(limit.FixedWindow, 3)
 	l.Overdraft = true
 	runSteps(t, l, t0, []step{
 		{at: 0, cost: 5, remaining: 0, retry: 60 * s, reset: 60 * s}, // charged into the window: 5 of 3, spent until it ends
@@ -157,7 +75,7 @@ func TestSlidingWindowSteps(t *testing.T) {
 	s, ms := time.Second, time.Millisecond
 	// Cloudflare's example: 50 per minute, 42 in the previous minute, 18 in this one at 15
 	// seconds: the estimate is 42 × 45/60 + 18 = 49.5, and one more would be 50.5.
-	runSteps(t, backendtest.PerMinute(backend.SlidingWindow, 50), t0, []step{
+	runSteps(t, backendtest.PerMinute(limit.SlidingWindow, 50), t0, []step{
 		{at: 30 * s, cost: 42, allowed: true, remaining: 8, reset: 90 * s},
 		{at: 75 * s, cost: 18, allowed: true, remaining: 0, reset: 105 * s}, // ⌈31.5⌉ + 18 = 50
 		{at: 75 * s, cost: 1, remaining: 0, retry: 715 * ms, reset: 105 * s},
@@ -172,7 +90,7 @@ func TestSlidingWindowSteps(t *testing.T) {
 
 func TestSlidingLogSteps(t *testing.T) {
 	s := time.Second
-	runSteps(t, backendtest.PerMinute(backend.SlidingLog, 3), t0, []step{
+	runSteps(t, backendtest.PerMinute(limit.SlidingLog, 3), t0, []step{
 		{at: 0, cost: 1, allowed: true, remaining: 2, reset: 60 * s},
 		{at: 10 * s, cost: 1, allowed: true, remaining: 1, reset: 60 * s},
 		{at: 20 * s, cost: 2, remaining: 1, retry: 40 * s, reset: 50 * s},
@@ -186,7 +104,7 @@ func TestSlidingLogSteps(t *testing.T) {
 }
 
 // admitter decides arrivals one by one under a limit, from no state.
-func admitter(l backend.Limit) func(at float64) bool {
+func admitter(l limit.Limit) func(at float64) bool {
 	var s backend.State
 	return func(at float64) bool {
 		var d backend.Decision
@@ -219,16 +137,16 @@ func TestArrivalPatterns(t *testing.T) {
 	for i := range 240 {
 		steady = append(steady, 100+float64(i)/2)
 	}
-	gcra := func(burst int64) backend.Limit { return backend.Limit{Rate: 60, Period: time.Minute, Burst: burst} }
+	gcra := func(burst int64) limit.Limit { return limit.Limit{Rate: 60, Period: time.Minute, Burst: burst} }
 	tests := []struct {
 		name             string
-		l                backend.Limit
+		l                limit.Limit
 		edge, steady     int // admitted of each trace
 		steadyMostPer60s int
 	}{
-		{"fixed window", backendtest.PerMinute(backend.FixedWindow, 60), 120, 120, 100},
-		{"sliding log", backendtest.PerMinute(backend.SlidingLog, 60), 60, 120, 60},
-		{"sliding window", backendtest.PerMinute(backend.SlidingWindow, 60), 60, 0, 86},
+		{"fixed window", backendtest.PerMinute(limit.FixedWindow, 60), 120, 120, 100},
+		{"sliding log", backendtest.PerMinute(limit.SlidingLog, 60), 60, 120, 60},
+		{"sliding window", backendtest.PerMinute(limit.SlidingWindow, 60), 60, 0, 86},
 		{"token bucket 10 (gcra burst 10)", gcra(10), 11, 0, 69},
 		{"token bucket 60 (gcra burst 60)", gcra(60), 61, 0, 119},
 	}
@@ -283,7 +201,7 @@ func TestSlidingWindowAgainstLog(t *testing.T) {
 				at += rng.ExpFloat64() / mean
 				trace = append(trace, float64(int64(at*1e6))/1e6)
 			}
-			sw, sl := admitter(backendtest.PerMinute(backend.SlidingWindow, rate)), admitter(backendtest.PerMinute(backend.SlidingLog, rate))
+			sw, sl := admitter(backendtest.PerMinute(limit.SlidingWindow, rate)), admitter(backendtest.PerMinute(limit.SlidingLog, rate))
 			var admitted []float64
 			wrongAllow, wrongDeny, slAdmitted := 0, 0, 0
 			j := 0

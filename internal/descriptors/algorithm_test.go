@@ -4,7 +4,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // mixedRules mixes the four algorithms, one descriptor each and all four on one node.
@@ -30,22 +30,22 @@ func TestAlgorithmsLoad(t *testing.T) {
 	tokyo, _ := loadLocation("Asia/Tokyo")
 	paris, _ := loadLocation("Europe/Paris")
 	got := func(k, v string) []Limit { return rs.Match("mixed", []Entry{{k, v}}).Limits }
-	if l := got("plan", "free")[0]; l.GCRA.Algorithm != backend.FixedWindow || l.Timezone != "Asia/Tokyo" ||
-		l.GCRA.Window != (backend.Window{Calendar: backend.Month, Every: 1, Location: tokyo}) || l.GCRA.Burst != 10000 {
+	if l := got("plan", "free")[0]; l.Spec.Algorithm != limit.FixedWindow || l.Timezone != "Asia/Tokyo" ||
+		l.Spec.Window != (limit.Window{Calendar: limit.Month, Every: 1, Location: tokyo}) || l.Spec.Burst != 10000 {
 		t.Errorf("plan=free: %+v", l)
 	}
 	var algs []string
 	for _, l := range got("user", "u") {
-		algs = append(algs, l.GCRA.Algorithm.String())
+		algs = append(algs, l.Spec.Algorithm.String())
 	}
 	if strings.Join(algs, " ") != "gcra fixed_window sliding_window sliding_log" {
 		t.Errorf("user: algorithms %v", algs)
 	}
-	if l := got("week", "w")[0]; l.GCRA.Window != (backend.Window{Offset: 4 * 86400e6}) || !l.GCRA.Overdraft {
-		t.Errorf("week: %+v, want a UTC week from Monday with overdraft", l.GCRA)
+	if l := got("week", "w")[0]; l.Spec.Window != (limit.Window{Offset: 4 * 86400e6}) || !l.Spec.Overdraft {
+		t.Errorf("week: %+v, want a UTC week from Monday with overdraft", l.Spec)
 	}
-	if l := got("paris", "p")[0]; l.GCRA.Window != (backend.Window{Calendar: backend.Day, Every: 1, Location: paris}) {
-		t.Errorf("paris: %+v", l.GCRA)
+	if l := got("paris", "p")[0]; l.Spec.Window != (limit.Window{Calendar: limit.Day, Every: 1, Location: paris}) {
+		t.Errorf("paris: %+v", l.Spec)
 	}
 }
 

@@ -110,7 +110,7 @@ func TestRuleContents(t *testing.T) {
 	}
 	r = rs.Match("d", entries("parent_only", "p", "child", "c"))
 	l := r.Limits[0]
-	if l.UnitMultiplier != 2 || l.GCRA.Period.Hours() != 2 || l.GCRA.Rate != 7 || l.GCRA.Burst != 7 {
+	if l.UnitMultiplier != 2 || l.Spec.Period.Hours() != 2 || l.Spec.Rate != 7 || l.Spec.Burst != 7 {
 		t.Fatalf("unit_multiplier: got %+v", l)
 	}
 	if r.Source != "d.yaml:32" {
@@ -306,7 +306,7 @@ func FuzzParse(f *testing.F) {
 		for _, d := range rs.Domains {
 			for _, r := range d.Rules {
 				for _, l := range r.Limits {
-					if err := l.GCRA.Validate(); err != nil {
+					if err := l.Spec.Validate(); err != nil {
 						t.Fatalf("rule %s loaded with an invalid limit: %v", r.Path, err)
 					}
 				}

@@ -9,36 +9,36 @@ import (
 	"testing"
 	"time"
 
-	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 func TestNewLimitNeverWraps(t *testing.T) {
 	tests := []struct {
 		name   string
-		unit   Unit
+		unit   limit.Unit
 		mult   uint32
 		period time.Duration // 0: Validate must fail with a period longer than MaxTolerance
 	}{
-		{"default multiplier", Hour, 0, time.Hour},
-		{"two hours", Hour, 2, 2 * time.Hour},
-		{"a hundred years", Year, 100, 100 * 365 * 24 * time.Hour},
-		{"one second past a hundred years", Second, uint32(backend.MaxTolerance/time.Second) + 1, 0},
-		{"hours that wrapped to about an hour", Hour, 640511948, 0},
-		{"largest multiplier of seconds", Second, math.MaxUint32, 0},
-		{"largest multiplier of years", Year, math.MaxUint32, 0},
+		{"default multiplier", limit.Hour, 0, time.Hour},
+		{"two hours", limit.Hour, 2, 2 * time.Hour},
+		{"a hundred years", limit.Year, 100, 100 * 365 * 24 * time.Hour},
+		{"one second past a hundred years", limit.Second, uint32(limit.MaxTolerance/time.Second) + 1, 0},
+		{"hours that wrapped to about an hour", limit.Hour, 640511948, 0},
+		{"largest multiplier of seconds", limit.Second, math.MaxUint32, 0},
+		{"largest multiplier of years", limit.Year, math.MaxUint32, 0},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			l := NewLimit("", 1, tc.unit, tc.mult, 0)
-			err := l.GCRA.Validate()
+			err := l.Spec.Validate()
 			if tc.period != 0 {
-				if l.GCRA.Period != tc.period || err != nil {
-					t.Fatalf("period %v, Validate %v; want %v, nil", l.GCRA.Period, err, tc.period)
+				if l.Spec.Period != tc.period || err != nil {
+					t.Fatalf("period %v, Validate %v; want %v, nil", l.Spec.Period, err, tc.period)
 				}
 				return
 			}
-			if l.GCRA.Period <= backend.MaxTolerance || !errors.Is(err, backend.ErrInvalidLimit) {
-				t.Fatalf("period %v, Validate %v; want a period past %v and ErrInvalidLimit", l.GCRA.Period, err, backend.MaxTolerance)
+			if l.Spec.Period <= limit.MaxTolerance || !errors.Is(err, limit.ErrInvalid) {
+				t.Fatalf("period %v, Validate %v; want a period past %v and ErrInvalidLimit", l.Spec.Period, err, limit.MaxTolerance)
 			}
 		})
 	}
@@ -91,7 +91,7 @@ descriptors:
 	if l := lim("alias"); l.Name != "std" || l.RequestsPerUnit != 5 {
 		t.Errorf("alias: %+v", l)
 	}
-	if l := lim("merged"); l.Name != "merged" || l.RequestsPerUnit != 5 || l.Burst != 7 || l.Unit != Second {
+	if l := lim("merged"); l.Name != "merged" || l.RequestsPerUnit != 5 || l.Burst != 7 || l.Unit != limit.Second {
 		t.Errorf("merge key: %+v, want the anchor's values with name and burst overridden", l)
 	}
 	if l := lim("whole_float"); l.RequestsPerUnit != 100 || l.Burst != 1000 || l.UnitMultiplier != 2 {

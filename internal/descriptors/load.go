@@ -16,14 +16,7 @@ import (
 
 	"go.yaml.in/yaml/v3"
 
-	"github.com/rls-project/rls/internal/backend"
-)
-
-// Bounds on what a rule file may hold; requests are bounded alike in package service.
-const (
-	MaxDepth      = 32
-	MaxKeyBytes   = 256
-	MaxValueBytes = 4096
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // Options changes how rule files are found and combined. The zero value is rls's own layout.
@@ -90,7 +83,7 @@ func loadFS(fsys fs.FS, dir, prefix string, opts Options) (*RuleSet, error) {
 				// Subdirectories only when loading every file, and not through a symlink
 				// (e.IsDir is false for one), which envoyproxy/ratelimit's runtime does not
 				// follow either.
-				if opts.AllFiles && e.IsDir() && depth < MaxDepth {
+				if opts.AllFiles && e.IsDir() && depth < limit.MaxEntries {
 					if err := walk(p, depth+1); err != nil {
 						return err
 					}
@@ -277,8 +270,8 @@ func (b *builder) level(list *yaml.Node, share []string, path string, info *Doma
 	if len(seq.Content) == 0 {
 		return nil
 	}
-	if len(share) >= MaxDepth {
-		b.errorf(list.Line, "descriptors nested deeper than %d levels", MaxDepth)
+	if len(share) >= limit.MaxEntries {
+		b.errorf(list.Line, "descriptors nested deeper than %d levels", limit.MaxEntries)
 		return nil
 	}
 	lv := &level{}
@@ -309,11 +302,11 @@ func (b *builder) level(list *yaml.Node, share []string, path string, info *Doma
 		case d.Key == "":
 			b.errorf(line, "descriptor #%d %s: key must not be empty", i+1, where)
 			continue
-		case len(d.Key) > MaxKeyBytes:
-			b.errorf(line, "descriptor %s: key longer than %d bytes", here, MaxKeyBytes)
+		case len(d.Key) > limit.MaxKeyBytes:
+			b.errorf(line, "descriptor %s: key longer than %d bytes", here, limit.MaxKeyBytes)
 			continue
-		case len(d.Value) > MaxValueBytes:
-			b.errorf(line, "descriptor %s: value longer than %d bytes", here, MaxValueBytes)
+		case len(d.Value) > limit.MaxValueBytes:
+			b.errorf(line, "descriptor %s: value longer than %d bytes", here, limit.MaxValueBytes)
 			continue
 		}
 		// The key and value are kept as parts of here, which the rule keeps as its Path, so
@@ -486,33 +479,25 @@ func loadLocation(name string) (*time.Location, error) {
 
 // windowOf aligns a fixed_window limit of mult units: to the epoch in UTC for units up to a
 // day, weeks from Monday, calendar months and years, and days and weeks in loc when it is not UTC.
-func windowOf(unit Unit, mult uint32, loc *time.Location) backend.Window {
+func windowOf(unit limit.Unit, mult uint32, loc *time.Location) limit.Window {
 	utc := loc == nil || loc == time.UTC
 	switch {
-	case unit == Week && utc:
-		return backend.Window{Offset: 4 * 86400 * 1e6} // 1970-01-05 was a Monday
-	case unit == Day && !utc:
-		return backend.Window{Calendar: backend.Day, Every: int64(mult), Location: loc}
-	case unit == Week:
-		return backend.Window{Calendar: backend.Week, Every: int64(mult), Location: loc}
-	case unit == Month, unit == Year:
-		cal := backend.Month
-		if unit == Year {
-			cal = backend.Year
-		}
+	case unit == limit.Week && utc:
+		return limit.Window{Offset: 4 * 86400 * 1e6} // 1970-01-05 was a Monday
+	case unit == limit.Day && !utc, unit == limit.Week, unit == limit.Month, unit == limit.Year:
 		if loc == nil {
 			loc = time.UTC
 		}
-		return backend.Window{Calendar: cal, Every: int64(mult), Location: loc}
+		return limit.Window{Calendar: unit, Every: int64(mult), Location: loc}
 	}
-	return backend.Window{}
+	return limit.Window{}
 }
 
 // limitOf validates one rate_limit that is not unlimited. It returns ok false for an error,
 // already recorded.
 func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 	ln := rl.node
-	unit, unitOK := ParseUnit(rl.Unit)
+	unit, unitOK := limit.ParseUnit(rl.Unit)
 	perUnit, _, err := count(rl.perUnit)
 	if err != nil {
 		b.errorf(lineOf(ln, "requests_per_unit"), "%s: requests_per_unit %v", where, err)
@@ -536,7 +521,7 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 		b.errorf(lineOf(ln, "unit_multiplier"), "%s: unit_multiplier must be > 0", where)
 		return Limit{}, false
 	}
-	if longest := int64(backend.MaxTolerance / time.Second); unit.Seconds()*int64(max(mult, 1)) > longest {
+	if longest := int64(limit.MaxTolerance / time.Second); unit.Seconds()*int64(max(mult, 1)) > longest {
 		b.errorf(lineOf(ln, "unit_multiplier"), "%s: unit_multiplier %d: a period of %d %ss is longer than the longest supported, %d days",
 			where, mult, mult, unit, longest/86400)
 		return Limit{}, false
@@ -545,19 +530,19 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 		b.errorf(lineOf(ln, "burst"), "%s: burst must be > 0 (requests_per_unit: 0 denies every request)", where)
 		return Limit{}, false
 	}
-	alg, ok := backend.ParseAlgorithm(rl.Algorithm)
+	alg, ok := limit.ParseAlgorithm(rl.Algorithm)
 	if !ok {
-		b.errorf(lineOf(ln, "algorithm"), "%s: algorithm %q: want one of %s", where, rl.Algorithm, strings.Join(backend.Algorithms, ", "))
+		b.errorf(lineOf(ln, "algorithm"), "%s: algorithm %q: want one of %s", where, rl.Algorithm, strings.Join(limit.Algorithms, ", "))
 		return Limit{}, false
 	}
-	if alg != backend.GCRA {
+	if alg != limit.GCRA {
 		if burstSet {
 			b.errorf(lineOf(ln, "burst"), "%s: burst applies to algorithm gcra only: %v admits requests_per_unit per window", where, alg)
 			return Limit{}, false
 		}
 		burst = perUnit
 	}
-	if rl.Overdraft && alg != backend.GCRA && alg != backend.FixedWindow {
+	if rl.Overdraft && alg != limit.GCRA && alg != limit.FixedWindow {
 		b.errorf(lineOf(ln, "overdraft"), "%s: overdraft applies to algorithms gcra and fixed_window, not %v: it charges hits that went over, which %v cannot hold",
 			where, alg, alg)
 		return Limit{}, false
@@ -565,10 +550,10 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 	var loc *time.Location
 	if rl.Timezone != "" {
 		switch {
-		case alg != backend.FixedWindow:
+		case alg != limit.FixedWindow:
 			b.errorf(lineOf(ln, "timezone"), "%s: timezone applies to algorithm fixed_window only", where)
 			return Limit{}, false
-		case unit != Day && unit != Week && unit != Month && unit != Year:
+		case unit != limit.Day && unit != limit.Week && unit != limit.Month && unit != limit.Year:
 			b.errorf(lineOf(ln, "timezone"), "%s: timezone applies to units day, week, month and year, not %s", where, unit)
 			return Limit{}, false
 		}
@@ -579,13 +564,13 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 		}
 	}
 	lim := NewLimit(rl.Name, perUnit, unit, mult, burst)
-	lim.GCRA.Overdraft = rl.Overdraft
-	lim.GCRA.Algorithm = alg
-	if alg == backend.FixedWindow {
-		lim.GCRA.Window = windowOf(unit, lim.UnitMultiplier, loc)
+	lim.Spec.Overdraft = rl.Overdraft
+	lim.Spec.Algorithm = alg
+	if alg == limit.FixedWindow {
+		lim.Spec.Window = windowOf(unit, lim.UnitMultiplier, loc)
 	}
 	lim.Timezone = rl.Timezone
-	if err := lim.GCRA.Validate(); err != nil {
+	if err := lim.Spec.Validate(); err != nil {
 		b.errorf(ln.Line, "%s: %v", where, err)
 		return Limit{}, false
 	}

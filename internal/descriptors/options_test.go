@@ -119,10 +119,10 @@ descriptors:
 		t.Fatal(err)
 	}
 	r := rs.Match("ai", []Entry{{Key: "api_key", Value: "k1"}, {Key: "model", Value: "m"}})
-	if r == nil || len(r.Limits) != 2 || !r.Limits[0].GCRA.Overdraft || r.Limits[1].GCRA.Overdraft {
+	if r == nil || len(r.Limits) != 2 || !r.Limits[0].Spec.Overdraft || r.Limits[1].Spec.Overdraft {
 		t.Fatalf("got %+v, want the minute limit with overdraft and the day limit without", r)
 	}
-	if p := rs.Match("ai", []Entry{{Key: "plain", Value: "x"}}); p == nil || p.Limits[0].GCRA.Overdraft {
+	if p := rs.Match("ai", []Entry{{Key: "plain", Value: "x"}}); p == nil || p.Limits[0].Spec.Overdraft {
 		t.Fatalf("plain: got %+v, want no overdraft", p)
 	}
 }

@@ -7,72 +7,28 @@ import (
 	"strings"
 	"time"
 
-	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 )
-
-// Unit is a rate-limit unit of time.
-type Unit uint8
-
-// Units, numbered as envoy.service.ratelimit.v3.RateLimitResponse.RateLimit.Unit.
-const (
-	UnitUnknown Unit = iota
-	Second
-	Minute
-	Hour
-	Day
-	Month
-	Year
-	Week
-)
-
-var unitNames = [...]string{"unknown", "second", "minute", "hour", "day", "month", "year", "week"}
-
-var unitSeconds = [...]int64{0, 1, 60, 3600, 86400, 30 * 86400, 365 * 86400, 7 * 86400}
-
-// ParseUnit parses a unit name, in any case.
-func ParseUnit(s string) (Unit, bool) {
-	for u, name := range unitNames {
-		if u != int(UnitUnknown) && strings.EqualFold(s, name) {
-			return Unit(u), true
-		}
-	}
-	return UnitUnknown, false
-}
-
-func (u Unit) String() string {
-	if int(u) < len(unitNames) {
-		return unitNames[u]
-	}
-	return "unknown"
-}
-
-// Seconds is the unit's length: a month is 30 days, a year 365 days, as in the reference service.
-func (u Unit) Seconds() int64 {
-	if int(u) < len(unitSeconds) {
-		return unitSeconds[u]
-	}
-	return 0
-}
 
 // Limit is one configured limit of a rule.
 type Limit struct {
 	Name            string
 	RequestsPerUnit uint32
-	Unit            Unit
+	Unit            limit.Unit
 	UnitMultiplier  uint32 // ≥ 1
 	Burst           uint32
 	Replaces        []string
 	Timezone        string // fixed_window's timezone as the rule file names it, "" for UTC
-	// GCRA is the limit as the backend decides it (GCRA.Overdraft: overdraft: true), whatever
-	// its algorithm (GCRA.Algorithm).
-	GCRA backend.Limit
+	// Spec is the limit as it is decided, whatever its algorithm (Spec.Algorithm); Spec.Overdraft
+	// is the rule's overdraft: true.
+	Spec limit.Limit
 }
 
 // NewLimit builds a Limit, defaulting burst to requestsPerUnit and multiplier to 1 when 0. A
 // period too long for a time.Duration (a large multiplier of a long unit) saturates at the
-// longest whole number of seconds one holds, which GCRA.Validate rejects as longer than
-// backend.MaxTolerance: it never wraps round to a short period.
-func NewLimit(name string, requestsPerUnit uint32, unit Unit, multiplier, burst uint32) Limit {
+// longest whole number of seconds one holds, which Spec.Validate rejects as longer than
+// limit.MaxTolerance: it never wraps round to a short period.
+func NewLimit(name string, requestsPerUnit uint32, unit limit.Unit, multiplier, burst uint32) Limit {
 	if multiplier == 0 {
 		multiplier = 1
 	}
@@ -86,7 +42,7 @@ func NewLimit(name string, requestsPerUnit uint32, unit Unit, multiplier, burst 
 	}
 	return Limit{
 		Name: name, RequestsPerUnit: requestsPerUnit, Unit: unit, UnitMultiplier: multiplier, Burst: burst,
-		GCRA: backend.Limit{
+		Spec: limit.Limit{
 			Rate:   int64(requestsPerUnit),
 			Period: time.Duration(secs) * time.Second,
 			Burst:  int64(burst),

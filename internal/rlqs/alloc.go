@@ -61,9 +61,9 @@ func cmpInt64(a, b int64) int {
 	return 0
 }
 
-// Limit is what one bucket may admit in total, as its rule says: Rate requests per PeriodMs
+// Budget is what one bucket may admit in total, as its rule says: Rate requests per PeriodMs
 // milliseconds, with bursts up to Burst.
-type Limit struct {
+type Budget struct {
 	Rate     int64
 	PeriodMs int64
 	Burst    int64
@@ -72,7 +72,7 @@ type Limit struct {
 	MaxProxies int
 }
 
-// Share is one proxy's part of a Limit. A zero Rate denies everything.
+// Share is one proxy's part of a Budget. A zero Rate denies everything.
 type Share struct {
 	Rate  int64
 	Burst int64
@@ -111,8 +111,8 @@ type budget struct {
 type bucketState struct {
 	proxies map[string]*proxyState
 	budget  budget
-	lim     Limit // of the last decision, for forgetting the bucket
-	target  int64 // of the proxy assign last decided for
+	lim     Budget // of the last decision, for forgetting the bucket
+	target  int64  // of the proxy assign last decided for
 }
 
 func newBucketState() *bucketState { return &bucketState{proxies: map[string]*proxyState{}} }
@@ -134,7 +134,7 @@ func reserve(rate int64) int64 {
 }
 
 // capacity is the rate that the shares held may sum to.
-func capacity(lim Limit) int64 { return max(lim.Rate-reserve(lim.Rate), 0) }
+func capacity(lim Budget) int64 { return max(lim.Rate-reserve(lim.Rate), 0) }
 
 // prune forgets the proxies that neither count nor hold anything at now, returning their ids.
 // Call advance first: the budget must see the holds that end.
@@ -168,7 +168,7 @@ func (b *bucketState) empty(now int64) bool {
 // forgetAfterMs is how long after its last decision a bucket with no proxy left may be forgotten
 // (its state expires in Redis): the TTL of the holds, then the time the budget takes to refill
 // the whole burst at the full rate.
-func forgetAfterMs(lim Limit, ttlMs int64) int64 {
+func forgetAfterMs(lim Budget, ttlMs int64) int64 {
 	return 2*ttlMs + mulDivSat(lim.Burst, lim.PeriodMs, max(lim.Rate, 1)) + 1
 }
 
@@ -185,7 +185,7 @@ func (b *bucketState) held(t int64) (rate, tokens int64) {
 
 // advance refills the budget up to now: between consecutive ends of holds, by the rate not held
 // then, up to the burst less the max_tokens held then.
-func (b *bucketState) advance(lim Limit, now int64) {
+func (b *bucketState) advance(lim Budget, now int64) {
 	if b.budget.At == 0 {
 		_, tokens := b.held(now)
 		b.budget = budget{Milli: max(lim.Burst-tokens, 0) * 1000, At: now}
@@ -241,7 +241,7 @@ func (b *bucketState) note(proxy string, seen Seen, now int64) bool {
 // one identity (ids "identity/stream", see group) are one proxy first: the identities divide
 // the capacity by their summed demands, then each identity's part is divided among its streams
 // by theirs, so that an identity holds one share however many streams it opens.
-func (b *bucketState) targets(lim Limit, now int64) map[string]int64 {
+func (b *bucketState) targets(lim Budget, now int64) map[string]int64 {
 	ids := make([]string, 0, len(b.proxies))
 	for id, p := range b.proxies {
 		if p.SeenUntil >= now {
@@ -318,7 +318,7 @@ func group(id string) (string, bool) {
 
 // full reports whether proxy is not one of b's and b already counts the most proxies lim
 // allows.
-func (b *bucketState) full(proxy string, lim Limit) bool {
+func (b *bucketState) full(proxy string, lim Budget) bool {
 	if lim.MaxProxies <= 0 || len(b.proxies) < lim.MaxProxies {
 		return false
 	}
@@ -346,7 +346,7 @@ func (b *bucketState) heldByOthers(id string, now int64) int64 {
 // budget can pay for its max_tokens (until then the proxy keeps what it holds), a change smaller
 // than the hysteresis is not made unless another proxy waits for the room, and a share grows
 // only to (nearly) its target, in one step.
-func (b *bucketState) assign(id string, lim Limit, now, ttlMs int64, force bool) (Share, bool) {
+func (b *bucketState) assign(id string, lim Budget, now, ttlMs int64, force bool) (Share, bool) {
 	b.advance(lim, now)
 	b.lim = lim
 	p := b.proxy(id)
@@ -392,7 +392,7 @@ func (b *bucketState) assign(id string, lim Limit, now, ttlMs int64, force bool)
 
 // Decision is what a Store decided for one proxy of a bucket.
 type Decision struct {
-	// Refused: the bucket counts Limit.MaxProxies proxies already; nothing was recorded.
+	// Refused: the bucket counts Budget.MaxProxies proxies already; nothing was recorded.
 	Refused bool
 	Share   Share
 	// Send: the share is to be sent to the proxy.
@@ -413,7 +413,7 @@ type Decision struct {
 
 // decide is assign for Store implementations: it also names, when the proxy's share shrank,
 // the proxies waiting for the room it released.
-func (b *bucketState) decide(id string, lim Limit, now, ttlMs int64, force bool) Decision {
+func (b *bucketState) decide(id string, lim Budget, now, ttlMs int64, force bool) Decision {
 	var before int64
 	if p := b.proxies[id]; p != nil && p.HoldUntil >= now {
 		before = p.Held.Rate
@@ -444,7 +444,7 @@ func (b *bucketState) counting(now int64) int {
 }
 
 // over returns the proxies other than id that hold more than their targets at now, sorted.
-func (b *bucketState) over(id string, lim Limit, now int64) []string {
+func (b *bucketState) over(id string, lim Budget, now int64) []string {
 	var out []string
 	for pid, t := range b.targets(lim, now) {
 		if p := b.proxies[pid]; pid != id && p.HoldUntil >= now && p.Held.Rate > t {
@@ -457,7 +457,7 @@ func (b *bucketState) over(id string, lim Limit, now int64) []string {
 
 // waiting returns the proxies other than id that hold less than their targets at now, by the
 // hysteresis or more, sorted.
-func (b *bucketState) waiting(id string, lim Limit, now int64) []string {
+func (b *bucketState) waiting(id string, lim Budget, now int64) []string {
 	out := b.below(id, b.targets(lim, now), max(lim.Rate/64, 1), now, false)
 	slices.Sort(out)
 	return out
@@ -501,7 +501,7 @@ const proxyBurstDivisor = 8
 
 // shareFor is the share of rate: with max_tokens its part of an eighth of the limit's burst, rounded
 // down but at least 1 (Envoy's token bucket with max_tokens 0 admits nothing).
-func shareFor(lim Limit, rate int64) Share {
+func shareFor(lim Budget, rate int64) Share {
 	if lim.Rate <= 0 || rate <= 0 {
 		return Share{}
 	}

@@ -63,7 +63,7 @@ func TestMaxMinFairProperties(t *testing.T) {
 // held sum to no more than the limit less its reserve, and their max_tokens and the budget to
 // no more than the burst.
 func TestAssignNeverOversubscribes(t *testing.T) {
-	lim := Limit{Rate: 1000, PeriodMs: 1000, Burst: 1000}
+	lim := Budget{Rate: 1000, PeriodMs: 1000, Burst: 1000}
 	const ttl = 1000
 	r := rand.New(rand.NewPCG(3, 4))
 	b := newBucketState()
@@ -103,13 +103,13 @@ type emuBucket struct {
 func TestAssignWindowBound(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		lim  Limit
+		lim  Budget
 		seed uint64
 	}{
-		{"the scenario's limit", Limit{Rate: 1000, PeriodMs: 1000, Burst: 200}, 1},
-		{"burst larger than rate", Limit{Rate: 100, PeriodMs: 1000, Burst: 500}, 2},
-		{"per minute", Limit{Rate: 600, PeriodMs: 60000, Burst: 600}, 3},
-		{"tiny burst", Limit{Rate: 1000, PeriodMs: 1000, Burst: 7}, 4},
+		{"the scenario's limit", Budget{Rate: 1000, PeriodMs: 1000, Burst: 200}, 1},
+		{"burst larger than rate", Budget{Rate: 100, PeriodMs: 1000, Burst: 500}, 2},
+		{"per minute", Budget{Rate: 600, PeriodMs: 60000, Burst: 600}, 3},
+		{"tiny burst", Budget{Rate: 1000, PeriodMs: 1000, Burst: 7}, 4},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			lim := tc.lim
@@ -182,7 +182,7 @@ func TestAssignWindowBound(t *testing.T) {
 // TestAssignSteps follows a new proxy joining two that hold everything, at fixed instants, and
 // which proxies each shrink names as waiting for the room it releases.
 func TestAssignSteps(t *testing.T) {
-	lim := Limit{Rate: 960, PeriodMs: 1000, Burst: 192} // reserve 30, capacity 930
+	lim := Budget{Rate: 960, PeriodMs: 1000, Burst: 192} // reserve 30, capacity 930
 	const ttl = 1000
 	b := newBucketState()
 	report := func(id string, demand float64, now int64) Decision {

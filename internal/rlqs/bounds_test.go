@@ -89,7 +89,7 @@ func TestRedisKeyDigest(t *testing.T) {
 // they share one max-min fair part, whatever their number; ids without an identity are a
 // proxy each, as before.
 func TestTargetsByIdentity(t *testing.T) {
-	lim := Limit{Rate: 1000, PeriodMs: 1000, Burst: 100} // capacity 969
+	lim := Budget{Rate: 1000, PeriodMs: 1000, Burst: 100} // capacity 969
 	b := newBucketState()
 	for _, id := range []string{"ca/1", "ca/2", "ca/3", "ca/4", "r-1"} {
 		b.proxies[id] = &proxyState{Demand: 2000, SeenUntil: 10}
@@ -119,7 +119,7 @@ func TestTargetsByIdentity(t *testing.T) {
 // on deciding for the proxies it has.
 func TestMaxProxies(t *testing.T) {
 	m := NewMemory()
-	lim := Limit{Rate: 100, PeriodMs: 1000, Burst: 10, MaxProxies: 2}
+	lim := Budget{Rate: 100, PeriodMs: 1000, Burst: 10, MaxProxies: 2}
 	seen := Seen{Demand: 10, Until: 5000, Report: true}
 	for _, p := range []string{"a", "b"} {
 		if d, _ := m.Assign(t.Context(), "k", p, lim, seen, 1, 3000); d.Refused {
@@ -164,7 +164,7 @@ func TestDemandEstimate(t *testing.T) {
 // target, to be woken; once the holder has given back, both hold their targets, and neither
 // settles while they divide the bucket.
 func TestDecisionSettledOver(t *testing.T) {
-	lim := Limit{Rate: 960, PeriodMs: 1000, Burst: 192}
+	lim := Budget{Rate: 960, PeriodMs: 1000, Burst: 192}
 	const ttl = 1000
 	b := newBucketState()
 	report := func(id string, now int64) Decision {
@@ -194,7 +194,7 @@ func TestDecisionSettledOver(t *testing.T) {
 func TestMemoryMaxKept(t *testing.T) {
 	m := NewMemory()
 	m.maxKept = 2
-	lim := Limit{Rate: 1000, PeriodMs: 30 * 24 * 3600 * 1000, Burst: 1000} // a month
+	lim := Budget{Rate: 1000, PeriodMs: 30 * 24 * 3600 * 1000, Burst: 1000} // a month
 	for i := range 5 {
 		k := bucketID{{Key: "k", Value: string(rune('a' + i))}}.key("d")
 		if _, err := m.Assign(t.Context(), k, "p", lim, Seen{Demand: 1, Until: 2000, Report: true}, 1000, 1000); err != nil {

@@ -181,7 +181,7 @@ type policy struct {
 	rule *descriptors.Rule // nil: no rule
 	// allowAll: no limit applies (no rule, allow-listed, unlimited or shadow mode).
 	allowAll bool
-	lim      Limit
+	lim      Budget
 	index    int // of the limit divided in rule.Limits
 }
 
@@ -194,11 +194,11 @@ func policyOf(r *descriptors.Rule) policy {
 	best := -1
 	bestRate := math.Inf(1)
 	for i, l := range r.Limits {
-		per := l.GCRA.Period.Seconds()
+		per := l.Spec.Period.Seconds()
 		if per <= 0 {
 			continue
 		}
-		if rate := float64(l.GCRA.Rate) / per; rate < bestRate {
+		if rate := float64(l.Spec.Rate) / per; rate < bestRate {
 			best, bestRate = i, rate
 		}
 	}
@@ -206,8 +206,8 @@ func policyOf(r *descriptors.Rule) policy {
 		return policy{rule: r, allowAll: true}
 	}
 	l := r.Limits[best]
-	return policy{rule: r, index: best, lim: Limit{
-		Rate: l.GCRA.Rate, PeriodMs: l.GCRA.Period.Milliseconds(), Burst: l.GCRA.Burst,
+	return policy{rule: r, index: best, lim: Budget{
+		Rate: l.Spec.Rate, PeriodMs: l.Spec.Period.Milliseconds(), Burst: l.Spec.Burst,
 	}}
 }
 

@@ -1,4 +1,4 @@
-// Package rlqs serves Envoy's Rate Limit Quota Service (envoy.service.rate_limit_quota.v3):
+// Package rlqs serves Envoy's Rate Budget Quota Service (envoy.service.rate_limit_quota.v3):
 // proxies stream usage reports per bucket and enforce locally the quota rls assigns them.
 //
 // A bucket maps to a rule: the stream's domain is the rule domain and the bucket id's key/value

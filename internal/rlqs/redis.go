@@ -45,7 +45,7 @@ func (r *Redis) key(bucket string) string {
 }
 
 // Assign implements Store.
-func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Limit, seen Seen, now, ttlMs int64) (Decision, error) {
+func (r *Redis) Assign(ctx context.Context, bucket, proxy string, lim Budget, seen Seen, now, ttlMs int64) (Decision, error) {
 	key := r.key(bucket)
 	var d Decision
 	txf := func(tx *goredis.Tx) error {

@@ -859,7 +859,7 @@ func blanket(r typev3.RateLimitStrategy_BlanketRule) *typev3.RateLimitStrategy {
 // strategyFor is a share as Envoy enforces it: a token bucket filling share.Rate tokens per the
 // limit's period, holding up to share.Burst (at least 1, or it would admit nothing), or DENY_ALL
 // for a zero share.
-func strategyFor(share Share, lim Limit) *typev3.RateLimitStrategy {
+func strategyFor(share Share, lim Budget) *typev3.RateLimitStrategy {
 	if share.Rate <= 0 {
 		return blanket(typev3.RateLimitStrategy_DENY_ALL)
 	}

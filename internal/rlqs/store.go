@@ -13,7 +13,7 @@ import (
 type Store interface {
 	// Assign records what seen says of proxy's demand for bucket (see Seen) and decides its
 	// share (see bucketState.decide). Times are Unix ms.
-	Assign(ctx context.Context, bucket, proxy string, lim Limit, seen Seen, now, ttlMs int64) (Decision, error)
+	Assign(ctx context.Context, bucket, proxy string, lim Budget, seen Seen, now, ttlMs int64) (Decision, error)
 	// Leave stops counting proxy's demand for bucket; what it holds stays held until it expires,
 	// since the proxy may go on enforcing it that long.
 	Leave(ctx context.Context, bucket, proxy string, now int64) error
@@ -78,7 +78,7 @@ func digest(bucket string) [digestSize]byte {
 }
 
 // Assign implements Store.
-func (m *Memory) Assign(_ context.Context, bucket, proxy string, lim Limit, seen Seen, now, ttlMs int64) (Decision, error) {
+func (m *Memory) Assign(_ context.Context, bucket, proxy string, lim Budget, seen Seen, now, ttlMs int64) (Decision, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.sweepLocked(now)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // wireEntry encodes a descriptor entry.
@@ -69,12 +70,12 @@ func TestUnmarshalStopsAtBounds(t *testing.T) {
 	}
 	ok := wireEntry("key", "v")
 	tests := map[string][]byte{
-		"descriptors": wireRequest(many(MaxDescriptors+1, wireDescriptor(ok))...),
-		"entries":     wireRequest(wireDescriptor(ok), wireDescriptor(many(MaxEntries+3, ok)...)),
-		"key":         wireRequest(wireDescriptor(ok), wireDescriptor(ok, wireEntry(strings.Repeat("k", MaxKeyBytes+1), "v"))),
-		"value":       wireRequest(wireDescriptor(ok, wireEntry("key", strings.Repeat("v", MaxValueBytes+1)))),
+		"descriptors": wireRequest(many(limit.MaxDescriptors+1, wireDescriptor(ok))...),
+		"entries":     wireRequest(wireDescriptor(ok), wireDescriptor(many(limit.MaxEntries+3, ok)...)),
+		"key":         wireRequest(wireDescriptor(ok), wireDescriptor(ok, wireEntry(strings.Repeat("k", limit.MaxKeyBytes+1), "v"))),
+		"value":       wireRequest(wireDescriptor(ok, wireEntry("key", strings.Repeat("v", limit.MaxValueBytes+1)))),
 		"domain": protowire.AppendString(protowire.AppendTag(wireRequest(wireDescriptor(ok)), 1, protowire.BytesType),
-			strings.Repeat("d", MaxValueBytes+1)),
+			strings.Repeat("d", limit.MaxValueBytes+1)),
 	}
 	for name, b := range tests {
 		t.Run(name, func(t *testing.T) {
@@ -97,7 +98,7 @@ func TestUnmarshalStopsAtBounds(t *testing.T) {
 
 	// A string past its bound that a later occurrence of its field replaces is no error, as
 	// protobuf keeps the last one.
-	replaced := wireRequest(wireDescriptor(append(wireEntry("key", strings.Repeat("v", MaxValueBytes+1)),
+	replaced := wireRequest(wireDescriptor(append(wireEntry("key", strings.Repeat("v", limit.MaxValueBytes+1)),
 		protowire.AppendString(protowire.AppendTag(nil, 2, protowire.BytesType), "short")...)))
 	var r rlsv3.RateLimitRequest
 	if err := UnmarshalRequest(replaced, &r); err != nil || r.Descriptors[0].Entries[0].Value != "short" {
@@ -125,7 +126,7 @@ func TestUnmarshalStopsAtBounds(t *testing.T) {
 // Through the codec of RegisterServer's handler the bound error becomes the
 // INVALID_ARGUMENT, not a codec failure (which gRPC answers INTERNAL).
 func TestCodecBoundIsInvalidArgument(t *testing.T) {
-	b := wireRequest(wireDescriptor(wireEntry("key", strings.Repeat("v", MaxValueBytes+1))))
+	b := wireRequest(wireDescriptor(wireEntry("key", strings.Repeat("v", limit.MaxValueBytes+1))))
 	in := boundedRequest{req: new(rlsv3.RateLimitRequest)}
 	if err := Codec().Unmarshal(memSlice(b), &in); err != nil {
 		t.Fatalf("codec: %v", err)
@@ -160,9 +161,9 @@ func TestJSONBounds(t *testing.T) {
 		code       int
 		want       string
 	}{
-		{"descriptors", descs(MaxDescriptors+1, `{}`), 400, tooManyDescriptors(MaxDescriptors + 1)},
+		{"descriptors", descs(limit.MaxDescriptors+1, `{}`), 400, tooManyDescriptors(limit.MaxDescriptors + 1)},
 		{"many empty descriptors", descs(20000, `{}`), 400, tooManyDescriptors(20000)},
-		{"entries", descs(2, `{"entries":[`+strings.TrimSuffix(strings.Repeat(entry+",", MaxEntries+1), ",")+`]}`), 400, tooManyEntries(0, MaxEntries+1)},
+		{"entries", descs(2, `{"entries":[`+strings.TrimSuffix(strings.Repeat(entry+",", limit.MaxEntries+1), ",")+`]}`), 400, tooManyEntries(0, limit.MaxEntries+1)},
 		{"nesting", `{"domain":"api","descriptors":[{"entries":[{"key":[[[[[[[[[[]]]]]]]]]]}]}]}`, 400, "JSON nested deeper than 8"},
 		{"too large", descs(1, `{"entries":[{"key":"key","value":"`+strings.Repeat("v", 64<<10)+`"}]}`), 413, "the body is over 65536 bytes"},
 		{"valid", descs(2, `{"entries":[`+entry+`]}`), 200, `"overallCode":"OK"`},

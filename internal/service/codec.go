@@ -14,6 +14,8 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // Codec returns the gRPC codec for rls's server: grpc-go's protobuf codec, except that a
@@ -104,7 +106,7 @@ var errDecode = errors.New("cannot parse invalid wire-format data")
 // make rls allocate is bounded by those constants, not by the size of the message.
 func UnmarshalRequest(b []byte, m *rlsv3.RateLimitRequest) error {
 	proto.Reset(m)
-	if n := countField(b, 2); n > MaxDescriptors {
+	if n := countField(b, 2); n > limit.MaxDescriptors {
 		return &boundError{tooManyDescriptors(n)}
 	}
 	// A string field over its bound is not copied; it is an error unless a later occurrence
@@ -113,7 +115,7 @@ func UnmarshalRequest(b []byte, m *rlsv3.RateLimitRequest) error {
 	err := decodeMessage(b, m, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
-			long = len(v) > MaxValueBytes
+			long = len(v) > limit.MaxValueBytes
 			if long {
 				m.Domain = ""
 				return nil
@@ -163,7 +165,7 @@ func countField(b []byte, num protowire.Number) int {
 
 // decodeDescriptor decodes b, the request's descriptor number i, into m.
 func decodeDescriptor(b []byte, m *ratelimitv3.RateLimitDescriptor, i int) error {
-	if n := countField(b, 1); n > MaxEntries {
+	if n := countField(b, 1); n > limit.MaxEntries {
 		return &boundError{tooManyEntries(i, n)}
 	}
 	return decodeMessage(b, m, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) error {
@@ -205,13 +207,13 @@ func decodeEntry(b []byte, m *ratelimitv3.RateLimitDescriptor_Entry, i, j int) e
 	err := decodeMessage(b, m, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) error {
 		switch {
 		case num == 1 && typ == protowire.BytesType:
-			if longKey = len(v) > MaxKeyBytes; longKey {
+			if longKey = len(v) > limit.MaxKeyBytes; longKey {
 				m.Key = ""
 				return nil
 			}
 			m.Key = string(v)
 		case num == 2 && typ == protowire.BytesType:
-			if longValue = len(v) > MaxValueBytes; longValue {
+			if longValue = len(v) > limit.MaxValueBytes; longValue {
 				m.Value = ""
 				return nil
 			}

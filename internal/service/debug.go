@@ -28,7 +28,7 @@ type limitJSON struct {
 
 func toLimitJSON(l *descriptors.Limit) limitJSON {
 	return limitJSON{Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit.String(), UnitMultiplier: l.UnitMultiplier, Burst: l.Burst,
-		Replaces: l.Replaces, Overdraft: l.GCRA.Overdraft, Algorithm: l.GCRA.Algorithm.String(), Timezone: l.Timezone}
+		Replaces: l.Replaces, Overdraft: l.Spec.Overdraft, Algorithm: l.Spec.Algorithm.String(), Timezone: l.Timezone}
 }
 
 type ruleJSON struct {

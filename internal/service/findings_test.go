@@ -23,10 +23,11 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 func TestFailurePolicy(t *testing.T) {
-	lim := backend.Limit{Rate: 2, Period: time.Minute, Burst: 2}
+	lim := limit.Limit{Rate: 2, Period: time.Minute, Burst: 2}
 	allowed := backend.Decision{Allowed: true}
 	denied := backend.Decision{RetryAfter: 30 * time.Second, ResetAfter: time.Minute}
 	tests := []struct {
@@ -266,10 +267,10 @@ func TestCostAboveBurst(t *testing.T) {
 			t.Fatalf("request %d, cost 5 above burst 3: %v, want OVER_LIMIT for a full burst's span (1m), never 0s", i+1, r)
 		}
 	}
-	if f := fullSpan(backend.Limit{Rate: 7, Period: time.Second, Burst: 3}); f != time.Second {
+	if f := fullSpan(limit.Limit{Rate: 7, Period: time.Second, Burst: 3}); f != time.Second {
 		t.Fatalf("fullSpan rounds up to a second: %v", f)
 	}
-	if f := fullSpan(backend.Limit{Rate: 1, Period: 1 << 62, Burst: 1 << 32}); f != 1<<63-1 {
+	if f := fullSpan(limit.Limit{Rate: 1, Period: 1 << 62, Burst: 1 << 32}); f != 1<<63-1 {
 		t.Fatalf("fullSpan saturates: %v", f)
 	}
 }

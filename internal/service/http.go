@@ -13,6 +13,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // JSONHandler serves POST /json: a RateLimitRequest in protojson in, the RateLimitResponse in
@@ -168,7 +170,7 @@ func (sc *jsonScan) value(kind, depth, i int) error {
 		n := 0
 		for sc.dec.More() {
 			child := jsonOther
-			if kind == jsonDescriptors && n < MaxDescriptors {
+			if kind == jsonDescriptors && n < limit.MaxDescriptors {
 				child = jsonDescriptor
 			}
 			if err := sc.value(child, depth+1, n); err != nil {
@@ -177,9 +179,9 @@ func (sc *jsonScan) value(kind, depth, i int) error {
 			n++
 		}
 		switch {
-		case kind == jsonDescriptors && n > MaxDescriptors:
+		case kind == jsonDescriptors && n > limit.MaxDescriptors:
 			return &boundError{tooManyDescriptors(n)}
-		case kind == jsonEntries && n > MaxEntries:
+		case kind == jsonEntries && n > limit.MaxEntries:
 			return &boundError{tooManyEntries(i, n)}
 		}
 	default:

@@ -251,7 +251,7 @@ func (m *Metrics) reset(rs *descriptors.RuleSet) {
 		for _, r := range d.Rules {
 			for i := range r.Limits {
 				l := &r.Limits[i]
-				m.algorithms.WithLabelValues(r.Domain, ruleLabel(r, l), l.GCRA.Algorithm.String()).Inc()
+				m.algorithms.WithLabelValues(r.Domain, ruleLabel(r, l), l.Spec.Algorithm.String()).Inc()
 			}
 		}
 	}

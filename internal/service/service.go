@@ -30,17 +30,12 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/limit"
 )
 
-// Bounds on a request; anything larger is answered InvalidArgument.
-const (
-	MaxDescriptors = 64
-	MaxEntries     = descriptors.MaxDepth
-	MaxKeyBytes    = descriptors.MaxKeyBytes
-	MaxValueBytes  = descriptors.MaxValueBytes
-	// maxCost caps a hits_addend; any cost above a limit's burst is denied anyway.
-	maxCost = 1 << 40
-)
+// maxCost caps a hits_addend; any cost above a limit's burst is denied anyway. The other bounds
+// on a request are limit's: anything larger is answered InvalidArgument.
+const maxCost = 1 << 40
 
 // Options configures a Service.
 type Options struct {
@@ -329,7 +324,7 @@ func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest
 			}
 			w.items = append(w.items, item{
 				desc: i, limit: l, fail: fail, replaced: replaced, keyEnd: len(w.keys),
-				req: backend.Request{Limit: l.GCRA, Cost: cost, Refund: d.GetIsNegativeHits(), Mode: mode},
+				req: backend.Request{Limit: l.Spec, Cost: cost, Refund: d.GetIsNegativeHits(), Mode: mode},
 			})
 		}
 	}
@@ -529,7 +524,7 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 
 // fullSpan is the time a limit takes to refill a whole burst, Burst×Period/Rate (Period for a
 // rate of 0), rounded up to a whole second and never zero.
-func fullSpan(l backend.Limit) time.Duration {
+func fullSpan(l limit.Limit) time.Duration {
 	if l.Rate <= 0 || l.Burst <= 0 {
 		return max(l.Period, time.Second)
 	}
@@ -551,7 +546,7 @@ func fullSpan(l backend.Limit) time.Duration {
 // overrideLimit is the limit a descriptor's override asks for: its burst is its rate, its
 // multiplier 1 when unset.
 func overrideLimit(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) descriptors.Limit {
-	return descriptors.NewLimit("", o.GetRequestsPerUnit(), descriptors.Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue(), 0)
+	return descriptors.NewLimit("", o.GetRequestsPerUnit(), limit.Unit(o.GetUnit()), o.GetUnitMultiplier().GetValue(), 0)
 }
 
 // DefaultMaxRequestBytes is the default bound on a request's encoding, a gRPC message or a
@@ -581,28 +576,28 @@ func requestWeight(req *rlsv3.RateLimitRequest) int64 {
 
 // The reasons a request crossing a bound is refused, given alike by validate and, before the
 // request is decoded whole, by UnmarshalRequest.
-var domainTooLong = fmt.Sprintf("domain longer than %d bytes", MaxValueBytes)
+var domainTooLong = fmt.Sprintf("domain longer than %d bytes", limit.MaxValueBytes)
 
 func tooManyDescriptors(n int) string {
-	return fmt.Sprintf("%d descriptors: at most %d", n, MaxDescriptors)
+	return fmt.Sprintf("%d descriptors: at most %d", n, limit.MaxDescriptors)
 }
 
 func tooManyEntries(i, n int) string {
-	return fmt.Sprintf("descriptors[%d]: %d entries: at most %d", i, n, MaxEntries)
+	return fmt.Sprintf("descriptors[%d]: %d entries: at most %d", i, n, limit.MaxEntries)
 }
 
 func keyTooLong(i, j int) string {
-	return fmt.Sprintf("descriptors[%d].entries[%d]: key longer than %d bytes", i, j, MaxKeyBytes)
+	return fmt.Sprintf("descriptors[%d].entries[%d]: key longer than %d bytes", i, j, limit.MaxKeyBytes)
 }
 
 func valueTooLong(i, j int) string {
-	return fmt.Sprintf("descriptors[%d].entries[%d]: value longer than %d bytes", i, j, MaxValueBytes)
+	return fmt.Sprintf("descriptors[%d].entries[%d]: value longer than %d bytes", i, j, limit.MaxValueBytes)
 }
 
 // overridePeriod is the period of an override: its unit times its multiplier (1 when unset).
 func overridePeriod(o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) time.Duration {
 	m := int64(max(o.GetUnitMultiplier().GetValue(), 1))
-	return time.Duration(descriptors.Unit(o.GetUnit()).Seconds()*m) * time.Second
+	return time.Duration(limit.Unit(o.GetUnit()).Seconds()*m) * time.Second
 }
 
 // OverridePolicy is what a descriptor's limit override (RateLimitDescriptor.limit) may do.
@@ -639,7 +634,7 @@ func validate(req *rlsv3.RateLimitRequest) error {
 	if req.GetDomain() == "" {
 		return errors.New("domain must not be empty")
 	}
-	if len(req.GetDomain()) > MaxValueBytes {
+	if len(req.GetDomain()) > limit.MaxValueBytes {
 		return errors.New(domainTooLong)
 	}
 	if !utf8.ValidString(req.GetDomain()) {
@@ -649,14 +644,14 @@ func validate(req *rlsv3.RateLimitRequest) error {
 	if n == 0 {
 		return errors.New("descriptors must not be empty")
 	}
-	if n > MaxDescriptors {
+	if n > limit.MaxDescriptors {
 		return errors.New(tooManyDescriptors(n))
 	}
 	for i, d := range req.Descriptors {
 		if d == nil {
 			return fmt.Errorf("descriptors[%d] is null", i)
 		}
-		if len(d.Entries) > MaxEntries {
+		if len(d.Entries) > limit.MaxEntries {
 			return errors.New(tooManyEntries(i, len(d.Entries)))
 		}
 		for j, e := range d.Entries {
@@ -665,9 +660,9 @@ func validate(req *rlsv3.RateLimitRequest) error {
 				return fmt.Errorf("descriptors[%d].entries[%d] is null", i, j)
 			case e.GetKey() == "":
 				return fmt.Errorf("descriptors[%d].entries[%d]: key must not be empty", i, j)
-			case len(e.GetKey()) > MaxKeyBytes:
+			case len(e.GetKey()) > limit.MaxKeyBytes:
 				return errors.New(keyTooLong(i, j))
-			case len(e.GetValue()) > MaxValueBytes:
+			case len(e.GetValue()) > limit.MaxValueBytes:
 				return errors.New(valueTooLong(i, j))
 			case !utf8.ValidString(e.GetKey()):
 				return fmt.Errorf("descriptors[%d].entries[%d]: key is not valid UTF-8", i, j)
@@ -677,13 +672,13 @@ func validate(req *rlsv3.RateLimitRequest) error {
 		}
 		if o := d.GetLimit(); o != nil {
 			u := o.GetUnit()
-			if u == typev3.RateLimitUnit_UNKNOWN || descriptors.Unit(u).Seconds() == 0 || u > typev3.RateLimitUnit_YEAR {
+			if u == typev3.RateLimitUnit_UNKNOWN || limit.Unit(u).Seconds() == 0 || u > typev3.RateLimitUnit_YEAR {
 				return fmt.Errorf("descriptors[%d].limit: unit %v: want SECOND, MINUTE, HOUR, DAY, MONTH or YEAR", i, u)
 			}
 			if m := o.GetUnitMultiplier(); m != nil && m.GetValue() == 0 {
 				return fmt.Errorf("descriptors[%d].limit: unit_multiplier must be > 0", i)
 			}
-			if err := overrideLimit(o).GCRA.Validate(); err != nil {
+			if err := overrideLimit(o).Spec.Validate(); err != nil {
 				return fmt.Errorf("descriptors[%d].limit: %v", i, err)
 			}
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 const rules = `
@@ -303,13 +304,13 @@ func TestShareThreshold(t *testing.T) {
 
 func TestInvalidArgument(t *testing.T) {
 	f := newFixture(t, Options{})
-	long := strings.Repeat("x", MaxValueBytes+1)
-	many := make([]*ratelimitv3.RateLimitDescriptor, MaxDescriptors+1)
+	long := strings.Repeat("x", limit.MaxValueBytes+1)
+	many := make([]*ratelimitv3.RateLimitDescriptor, limit.MaxDescriptors+1)
 	for i := range many {
 		many[i] = desc("key", "k")
 	}
 	deep := desc()
-	for range MaxEntries + 1 {
+	for range limit.MaxEntries + 1 {
 		deep.Entries = append(deep.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: "k", Value: "v"})
 	}
 	withOverride := func(u typev3.RateLimitUnit, mult *wrapperspb.UInt32Value) *ratelimitv3.RateLimitDescriptor {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/logthrottle"
 )
 
@@ -174,21 +175,21 @@ func (s *Service) KeysHandler(opts KeysOptions) http.Handler {
 func keyLimit(l *descriptors.Limit, d backend.Decision) KeyLimit {
 	kl := KeyLimit{
 		Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit.String(), UnitMultiplier: l.UnitMultiplier,
-		Burst: l.Burst, Overdraft: l.GCRA.Overdraft, Algorithm: l.GCRA.Algorithm.String(), Remaining: d.Remaining, ResetAfter: d.ResetAfter.Seconds(),
+		Burst: l.Burst, Overdraft: l.Spec.Overdraft, Algorithm: l.Spec.Algorithm.String(), Remaining: d.Remaining, ResetAfter: d.ResetAfter.Seconds(),
 	}
 	// A check is denied only in debt (or under a rate of 0, which holds no state).
-	if !d.Allowed && l.GCRA.Rate > 0 {
+	if !d.Allowed && l.Spec.Rate > 0 {
 		kl.InDebt, kl.Remaining = true, 0
 		kl.RepaidAfter = d.RetryAfter.Seconds()
-		if l.GCRA.Algorithm == backend.GCRA {
-			kl.Debt = debtHits(d.RetryAfter, l.GCRA)
+		if l.Spec.Algorithm == limit.GCRA {
+			kl.Debt = debtHits(d.RetryAfter, l.Spec)
 		}
 	}
 	return kl
 }
 
 // debtHits is the number of hits a debt of span d holds under l, rounded up.
-func debtHits(d time.Duration, l backend.Limit) int64 {
+func debtHits(d time.Duration, l limit.Limit) int64 {
 	us := uint64(d / time.Microsecond)
 	hi, lo := bits.Mul64(us, uint64(l.Rate))
 	p := uint64(l.Period / time.Microsecond)

@@ -10,6 +10,7 @@ import (
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/xds"
 	"github.com/rls-project/rls/internal/xdstest"
 )
@@ -149,7 +150,7 @@ func TestRulesHostileConfigs(t *testing.T) {
 		t.Error("a key and value with YAML syntax in them did not round-trip")
 	}
 	deep := &rlconfv3.RateLimitDescriptor{Key: "k", RateLimit: &rlconfv3.RateLimitPolicy{Unit: rlconfv3.RateLimitUnit_SECOND, RequestsPerUnit: 1}}
-	for range descriptors.MaxDepth + 5 {
+	for range limit.MaxEntries + 5 {
 		deep = &rlconfv3.RateLimitDescriptor{Key: "k", Descriptors: []*rlconfv3.RateLimitDescriptor{deep}}
 	}
 	_, err = xds.Rules([]*rlconfv3.RateLimitConfig{{Name: "deep", Domain: "d", Descriptors: []*rlconfv3.RateLimitDescriptor{deep}}}, descriptors.Options{})

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // Run runs the suite. newBackend returns a backend with no state for the keys the suite uses;
@@ -25,8 +26,8 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 		n++
 		return fmt.Sprintf("%s%s-%d", prefix, name, n)
 	}
-	perHour := func(rate, burst int64) backend.Limit {
-		return backend.Limit{Rate: rate, Period: time.Hour, Burst: burst}
+	perHour := func(rate, burst int64) limit.Limit {
+		return limit.Limit{Rate: rate, Period: time.Hour, Burst: burst}
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -36,7 +37,7 @@ func Run(t *testing.T, newBackend func(t *testing.T) backend.Backend) {
 }
 
 type keyFunc func(name string) string
-type limitFunc func(rate, burst int64) backend.Limit
+type limitFunc func(rate, burst int64) limit.Limit
 
 var cases = []struct {
 	name string
@@ -181,7 +182,7 @@ var cases = []struct {
 		one(t, b, backend.Request{Key: kr, Limit: l, Cost: 3})
 		out, admitted := batch(t, b, []backend.Request{
 			{Key: kr, Limit: l, Cost: 2, Refund: true},
-			{Key: kz, Limit: backend.Limit{Rate: 0, Period: time.Minute}, Cost: 1, Refund: true},
+			{Key: kz, Limit: limit.Limit{Rate: 0, Period: time.Minute}, Cost: 1, Refund: true},
 			{Key: kd, Limit: perHour(10, 1), Cost: 2},
 		})
 		if admitted || !out[0].Allowed || out[0].Remaining != 2 || !out[1].Allowed || out[2].Allowed {
@@ -206,7 +207,7 @@ var cases = []struct {
 		}
 	}},
 	{"rate zero denies", func(t *testing.T, b backend.Backend, key keyFunc, perHour limitFunc) {
-		d := one(t, b, backend.Request{Key: key("zero"), Limit: backend.Limit{Rate: 0, Period: time.Minute}, Cost: 1})
+		d := one(t, b, backend.Request{Key: key("zero"), Limit: limit.Limit{Rate: 0, Period: time.Minute}, Cost: 1})
 		if d.Allowed || d.Remaining != 0 {
 			t.Fatalf("got %+v, want denied", d)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // Clock is an instant a backend decides at, set by the cases of RunClocked. The zero value is
@@ -36,17 +37,17 @@ func RunClocked(t *testing.T, newBackend func(t *testing.T, clock *Clock) backen
 }
 
 // PerMinute is requestsPerUnit per minute under alg (burst = rate).
-func PerMinute(alg backend.Algorithm, rate int64) backend.Limit {
-	return backend.Limit{Rate: rate, Period: time.Minute, Burst: rate, Algorithm: alg}
+func PerMinute(alg limit.Algorithm, rate int64) limit.Limit {
+	return limit.Limit{Rate: rate, Period: time.Minute, Burst: rate, Algorithm: alg}
 }
 
 // AllAlgorithms lists the algorithms in order.
-var AllAlgorithms = []backend.Algorithm{backend.GCRA, backend.FixedWindow, backend.SlidingWindow, backend.SlidingLog}
+var AllAlgorithms = []limit.Algorithm{limit.GCRA, limit.FixedWindow, limit.SlidingWindow, limit.SlidingLog}
 
 // Edge is the seeds' first experiment: 60 arrivals in the second before a minute's edge and
 // 60 in the second after it, under 60 per minute. It returns how many alg admits, deciding
 // each arrival with decide at its instant.
-func Edge(decide func(at time.Time, r backend.Request) backend.Decision, key string, alg backend.Algorithm, edge time.Time) int {
+func Edge(decide func(at time.Time, r backend.Request) backend.Decision, key string, alg limit.Algorithm, edge time.Time) int {
 	l := PerMinute(alg, 60)
 	admitted := 0
 	for i := range 120 {
@@ -72,9 +73,9 @@ var clockedCases = []struct {
 			}, fmt.Sprintf("%s-%v", key, alg), alg, edge)
 			want := 60
 			switch alg {
-			case backend.FixedWindow:
+			case limit.FixedWindow:
 				want = 120 // the count starts again at the edge
-			case backend.GCRA:
+			case limit.GCRA:
 				want = 61 // the burst of 60, then one more emission interval (1s) elapsed
 			}
 			if got != want {
@@ -87,8 +88,8 @@ var clockedCases = []struct {
 		if err != nil {
 			t.Fatal(err)
 		}
-		l := backend.Limit{Rate: 3, Period: 30 * 24 * time.Hour, Burst: 3, Algorithm: backend.FixedWindow,
-			Window: backend.Window{Calendar: backend.Month, Every: 1, Location: tokyo}}
+		l := limit.Limit{Rate: 3, Period: 30 * 24 * time.Hour, Burst: 3, Algorithm: limit.FixedWindow,
+			Window: limit.Window{Calendar: limit.Month, Every: 1, Location: tokyo}}
 		// February 2026 in Tokyo: 28 days; 00:00 on March 1st in Tokyo is 15:00 UTC on Feb 28th.
 		renew := time.Date(2026, 3, 1, 0, 0, 0, 0, tokyo)
 		steps := []struct {
@@ -161,7 +162,7 @@ var clockedCases = []struct {
 	}},
 	{"fixed window answers as envoyproxy/ratelimit within a window", func(t *testing.T, b backend.Backend, clock *Clock, key string) {
 		start := time.Date(2026, 11, 11, 12, 7, 0, 0, time.UTC)
-		l := PerMinute(backend.FixedWindow, 5)
+		l := PerMinute(limit.FixedWindow, 5)
 		// envoyproxy/ratelimit's fixed window (base_limiter.go): after = count + hits;
 		// OVER_LIMIT when after > limit, remaining limit - after when OK, else 0; the reset is
 		// the unit's end, counted from the epoch. It counts every hit, denied or not.

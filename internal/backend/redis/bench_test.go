@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/rlstest"
 )
 
@@ -50,7 +51,7 @@ func BenchmarkDecide(b *testing.B) {
 			for _, clients := range []int{1, 8, 64} {
 				b.Run(fmt.Sprintf("%s/%s/clients=%d", topo.name, co.name, clients), func(b *testing.B) {
 					be := newTestBackend(b, topo.env, co.opts)
-					l := backend.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
+					l := limit.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
 					b.ReportAllocs()
 					cpu := rlstest.ProcessCPU(b)
 					benchClients(b, clients, func(i int64) {
@@ -76,7 +77,7 @@ func BenchmarkDecideDenied(b *testing.B) {
 		for _, clients := range []int{1, 64} {
 			b.Run(fmt.Sprintf("%s/clients=%d", tc.name, clients), func(b *testing.B) {
 				be := newTestBackend(b, singleEnv, tc.opts)
-				l := backend.Limit{Rate: 1, Period: time.Hour, Burst: 1}
+				l := limit.Limit{Rate: 1, Period: time.Hour, Burst: 1}
 				req := []backend.Request{{Key: "hot", Limit: l, Cost: 1}}
 				be.Decide(context.Background(), req, make([]backend.Decision, 1))
 				b.ReportAllocs()
@@ -97,7 +98,7 @@ func BenchmarkDecideBatch(b *testing.B) {
 	for _, topo := range []struct{ name, env string }{{"single", singleEnv}, {"cluster", clusterEnv}} {
 		b.Run(topo.name, func(b *testing.B) {
 			be := newTestBackend(b, topo.env, Options{})
-			l := backend.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
+			l := limit.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
 			b.ReportAllocs()
 			benchClients(b, 8, func(i int64) {
 				reqs := make([]backend.Request, 5)
@@ -121,7 +122,7 @@ func BenchmarkScript(b *testing.B) {
 		b.Run(fmt.Sprintf("merged=%d", n), func(b *testing.B) {
 			be := newTestBackend(b, singleEnv, Options{})
 			ctx := context.Background()
-			l := backend.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
+			l := limit.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
 			calls := make([]*call, n)
 			for i := range calls {
 				calls[i] = &call{}
@@ -269,32 +270,32 @@ func commandUsec(b *testing.B, be *Backend, prefixes ...string) float64 {
 // decision (INFO commandstats usec, as BenchmarkScript) and the memory a key takes (MEMORY USAGE,
 // averaged over the keys at the end). sliding_log's cost grows with the hits its log holds:
 // held is how many each key holds before the loop; the loop adds one per decision, over 100
-// keys. The limits admit 10,000 per hour, above backend.MaxLogRate for sliding_log: held=9000
+// keys. The limits admit 10,000 per hour, above limit.MaxLogRate for sliding_log: held=9000
 // shows what the bound keeps out. It resets the server's command statistics.
 func BenchmarkAlgorithms(b *testing.B) {
 	tokyo, err := time.LoadLocation("Asia/Tokyo")
 	if err != nil {
 		b.Fatal(err)
 	}
-	const rate = 10 * backend.MaxLogRate
-	limit := func(alg backend.Algorithm) backend.Limit {
-		return backend.Limit{Rate: rate, Period: time.Hour, Burst: rate, Algorithm: alg}
+	const rate = 10 * limit.MaxLogRate
+	limitOf := func(alg limit.Algorithm) limit.Limit {
+		return limit.Limit{Rate: rate, Period: time.Hour, Burst: rate, Algorithm: alg}
 	}
-	month := limit(backend.FixedWindow)
-	month.Period, month.Window = 30*24*time.Hour, backend.Window{Calendar: backend.Month, Every: 1, Location: tokyo}
+	month := limitOf(limit.FixedWindow)
+	month.Period, month.Window = 30*24*time.Hour, limit.Window{Calendar: limit.Month, Every: 1, Location: tokyo}
 	for n, tc := range []struct {
 		name string
-		l    backend.Limit
+		l    limit.Limit
 		held int
 	}{
-		{"gcra", limit(backend.GCRA), 0},
-		{"fixed_window", limit(backend.FixedWindow), 0},
+		{"gcra", limitOf(limit.GCRA), 0},
+		{"fixed_window", limitOf(limit.FixedWindow), 0},
 		{"fixed_window-month-tokyo", month, 0},
-		{"sliding_window", limit(backend.SlidingWindow), 0},
-		{"sliding_log/held=1", limit(backend.SlidingLog), 1},
-		{"sliding_log/held=100", limit(backend.SlidingLog), 100},
-		{"sliding_log/held=1000", limit(backend.SlidingLog), 1000},
-		{"sliding_log/held=9000", limit(backend.SlidingLog), 9000},
+		{"sliding_window", limitOf(limit.SlidingWindow), 0},
+		{"sliding_log/held=1", limitOf(limit.SlidingLog), 1},
+		{"sliding_log/held=100", limitOf(limit.SlidingLog), 100},
+		{"sliding_log/held=1000", limitOf(limit.SlidingLog), 1000},
+		{"sliding_log/held=9000", limitOf(limit.SlidingLog), 9000},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			be := newTestBackend(b, singleEnv, Options{})

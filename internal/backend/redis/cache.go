@@ -6,6 +6,7 @@ import (
 	lru "github.com/hashicorp/golang-lru/v2"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // denial is what the local cache keeps of a request Redis denied: under every algorithm only
@@ -14,7 +15,7 @@ import (
 // push that instant later, so until RetryAfter the answer is known without asking. A refund
 // elsewhere can bring it sooner, as under GCRA alone before.
 type denial struct {
-	limit     backend.Limit
+	limit     limit.Limit
 	cost      int64
 	until     time.Time // process clock: when the request was sent plus its RetryAfter
 	reset     time.Time

@@ -11,6 +11,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // job is one Decide's working state, pooled so that steady-state decisions allocate little:
@@ -73,7 +74,7 @@ func (j *job) plan(b *Backend, reqs []backend.Request, out []backend.Decision) e
 		} else if len(j.calls) == 0 {
 			j.newCall(0)
 		}
-		if r.Limit.Window.Calendar != backend.NoCalendar && calNow == 0 {
+		if r.Limit.Window.Calendar != limit.NoCalendar && calNow == 0 {
 			calNow = b.now().UnixMicro()
 		}
 		j.calls[k].add(key, r, calNow)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/redistest"
 )
 
@@ -72,7 +73,7 @@ func TestClusterMovedSentOnce(t *testing.T) {
 	byMaster := keysByMaster(t, c, b, "mv-", 2)
 	masters := c.Masters()
 	from, to := masters[0], masters[1]
-	l := backend.Limit{Rate: 10, Period: time.Hour, Burst: 10}
+	l := limit.Limit{Rate: 10, Period: time.Hour, Burst: 10}
 	decide := func(key string) error {
 		_, err := b.Decide(ctx, []backend.Request{{Key: key, Limit: l, Cost: 1}}, make([]backend.Decision, 1))
 		return err
@@ -128,7 +129,7 @@ func TestClusterHungMasterFailsOnlyItsSlots(t *testing.T) {
 	pairKeys := keysByMaster(t, c, b, "pair-", 1)
 	masters := c.Masters()
 	hung, healthy := masters[0], masters[1]
-	l := backend.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+	l := limit.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
 	decide := func(key string) error {
 		ctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
@@ -142,7 +143,7 @@ func TestClusterHungMasterFailsOnlyItsSlots(t *testing.T) {
 	}
 	// A key of the healthy master asked alone and beside a key of the hung one: what the
 	// healthy master charged for a decision that failed is given back.
-	tight := backend.Limit{Rate: 1, Period: time.Hour, Burst: 100}
+	tight := limit.Limit{Rate: 1, Period: time.Hour, Burst: 100}
 	pair := []backend.Request{{Key: pairKeys[healthy][0], Limit: tight, Cost: 1}, {Key: pairKeys[hung][0], Limit: tight, Cost: 1}}
 	out := make([]backend.Decision, 2)
 	if _, err := b.Decide(ctx, pair, out); err != nil || out[0].Remaining != 99 {

@@ -17,6 +17,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/redistest"
 )
 
@@ -94,7 +95,7 @@ func TestBudget(t *testing.T) {
 	ctx, cancel = context.WithTimeout(context.Background(), time.Millisecond)
 	defer cancel()
 	within(ctx, -time.Hour, 0)
-	l := backend.Limit{Rate: 10, Period: time.Second, Burst: 10}
+	l := limit.Limit{Rate: 10, Period: time.Second, Burst: 10}
 	_, err := b.Decide(ctx, []backend.Request{{Key: "tiny", Limit: l, Cost: 1}}, make([]backend.Decision, 1))
 	if !errors.Is(err, backend.ErrOverloaded) {
 		t.Fatalf("1ms deadline: %v, want ErrOverloaded", err)
@@ -124,7 +125,7 @@ func TestOverloadKeepsBreakerClosed(t *testing.T) {
 	var logMu sync.Mutex
 	b, _ := newOwnBackend(t, Options{Coalesce: 64, Logger: slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))})
 	health := watchHealth(b)
-	l := backend.Limit{Rate: 1 << 30, Period: time.Second, Burst: 1 << 30}
+	l := limit.Limit{Rate: 1 << 30, Period: time.Second, Burst: 1 << 30}
 	var ok, overload, other atomic.Int64
 	var firstOther atomic.Value
 	stop := time.Now().Add(2 * time.Second)
@@ -187,7 +188,7 @@ func TestTinyDeadlines(t *testing.T) {
 	// 50ms can pass waiting for a CPU, which is not what this test is about.
 	b, _ := newOwnBackend(t, Options{Coalesce: 64, Timeout: 2 * time.Second})
 	health := watchHealth(b)
-	l := backend.Limit{Rate: 1 << 30, Period: time.Second, Burst: 1 << 30}
+	l := limit.Limit{Rate: 1 << 30, Period: time.Second, Burst: 1 << 30}
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	var shed atomic.Int64
@@ -214,7 +215,7 @@ func TestTinyDeadlines(t *testing.T) {
 	out := make([]backend.Decision, 1)
 	// One request back every hour: none while the test runs, however slow the machine (at
 	// 1000 an hour, one came back every 3.6s, and a busy run took longer than that).
-	ordinary := backend.Limit{Rate: 1000, Period: 1000 * time.Hour, Burst: 1000}
+	ordinary := limit.Limit{Rate: 1000, Period: 1000 * time.Hour, Burst: 1000}
 	for i := range 300 {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		ok, err := b.Decide(ctx, []backend.Request{{Key: "ordinary", Limit: ordinary, Cost: 1}}, out)
@@ -237,7 +238,7 @@ func TestTinyDeadlines(t *testing.T) {
 func TestRedisStopsAnswering(t *testing.T) {
 	b, r := newOwnBackend(t, Options{Coalesce: 64})
 	health := watchHealth(b)
-	l := backend.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+	l := limit.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
 	decide := func(i int) (time.Duration, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 		defer cancel()
@@ -321,7 +322,7 @@ func TestRefusedCredentials(t *testing.T) {
 	admin := goredis.NewClient(&goredis.Options{Addr: r.Addr()})
 	defer admin.Close()
 	ctx := context.Background()
-	l := backend.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+	l := limit.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
 	decide := func() error {
 		_, err := b.Decide(ctx, []backend.Request{{Key: "auth", Limit: l, Cost: 1}}, make([]backend.Decision, 1))
 		return err
@@ -378,7 +379,7 @@ func TestRedisRefuses(t *testing.T) {
 			// A pool of 2 gives up after 2 failed dials, before the breaker opens.
 			b, r := newOwnBackend(t, Options{Coalesce: coalesce, PoolSize: 2})
 			health := watchHealth(b)
-			l := backend.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+			l := limit.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
 			key := 0
 			decide := func() (time.Duration, error) {
 				key++

@@ -20,6 +20,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/backend/backendtest"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/redistest"
 )
 
@@ -67,9 +68,9 @@ func TestSentinel(t *testing.T) {
 
 // randomLimit returns a limit that Validate accepts, drawn across the magnitudes that matter to
 // the arithmetic: rates up to 2^32, periods from 1µs to 100 years, tolerances up to the bound.
-func randomLimit(rng *rand.Rand) backend.Limit {
+func randomLimit(rng *rand.Rand) limit.Limit {
 	for {
-		var l backend.Limit
+		var l limit.Limit
 		switch rng.IntN(4) {
 		case 0: // everyday limits
 			l.Rate = 1 + rng.Int64N(1000)
@@ -79,10 +80,10 @@ func randomLimit(rng *rand.Rand) backend.Limit {
 			l.Period = time.Duration(1+rng.Int64N(1<<40)) * time.Microsecond
 		case 2: // extremes
 			l.Rate = []int64{1, 3, 7, 1 << 31, 1<<32 - 1, 1 << 32}[rng.IntN(6)]
-			l.Period = []time.Duration{time.Microsecond, 7 * time.Microsecond, time.Second, 365 * 24 * time.Hour, backend.MaxTolerance}[rng.IntN(5)]
+			l.Period = []time.Duration{time.Microsecond, 7 * time.Microsecond, time.Second, 365 * 24 * time.Hour, limit.MaxTolerance}[rng.IntN(5)]
 		default:
 			l.Rate = 1 + rng.Int64N(1<<32)
-			l.Period = time.Duration(1+rng.Int64N(int64(backend.MaxTolerance/time.Microsecond))) * time.Microsecond
+			l.Period = time.Duration(1+rng.Int64N(int64(limit.MaxTolerance/time.Microsecond))) * time.Microsecond
 		}
 		switch rng.IntN(3) {
 		case 0:
@@ -99,7 +100,7 @@ func randomLimit(rng *rand.Rand) backend.Limit {
 }
 
 // randomState returns a state that some valid limit could have left at or around now.
-func randomState(rng *rand.Rand, now int64, l backend.Limit) backend.State {
+func randomState(rng *rand.Rand, now int64, l limit.Limit) backend.State {
 	if rng.IntN(5) == 0 {
 		l = randomLimit(rng) // written under another limit: the clamping paths
 	}
@@ -117,7 +118,7 @@ func randomState(rng *rand.Rand, now int64, l backend.Limit) backend.State {
 }
 
 // fullSpan is the time a full burst holds, in whole microseconds (rounded down).
-func fullSpan(l backend.Limit) int64 {
+func fullSpan(l limit.Limit) int64 {
 	// Charging a full burst to a fresh key leaves ResetAfter = ceil(full).
 	_, d := backend.Decide(backend.State{}, l, 0, l.Burst)
 	us := int64(d.ResetAfter / time.Microsecond)
@@ -127,7 +128,7 @@ func fullSpan(l backend.Limit) int64 {
 	return us
 }
 
-func randomCost(rng *rand.Rand, l backend.Limit) int64 {
+func randomCost(rng *rand.Rand, l limit.Limit) int64 {
 	switch rng.IntN(4) {
 	case 0:
 		return 1
@@ -288,7 +289,7 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 			rng := rand.New(rand.NewPCG(2, uint64(now)))
 			t.Logf("seed %d (RLS_TEST_SEED replays it)", now)
 			keys := make([]string, 12)
-			limits := make([]backend.Limit, len(keys))
+			limits := make([]limit.Limit, len(keys))
 			tokyo, err := time.LoadLocation("Asia/Tokyo")
 			if err != nil {
 				t.Fatal(err)
@@ -301,17 +302,17 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 				keys[i] = "batch-" + strconv.Itoa(i)
 				// Two keys of each algorithm, then two more of GCRA and of fixed_window, the
 				// odd ones under overdraft where it applies; the last two on calendar windows.
-				alg := backend.Algorithm(i / 2 % 4)
-				l := backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8),
-					Algorithm: alg, Overdraft: i%2 == 1 && (alg == backend.GCRA || alg == backend.FixedWindow)}
-				if alg != backend.GCRA {
+				alg := limit.Algorithm(i / 2 % 4)
+				l := limit.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8),
+					Algorithm: alg, Overdraft: i%2 == 1 && (alg == limit.GCRA || alg == limit.FixedWindow)}
+				if alg != limit.GCRA {
 					l.Burst = l.Rate
 				}
 				switch i {
 				case 10:
-					l.Period, l.Window = 24*time.Hour, backend.Window{Calendar: backend.Day, Every: 1, Location: ny}
+					l.Period, l.Window = 24*time.Hour, limit.Window{Calendar: limit.Day, Every: 1, Location: ny}
 				case 11:
-					l.Period, l.Window = 30*24*time.Hour, backend.Window{Calendar: backend.Month, Every: 1, Location: tokyo}
+					l.Period, l.Window = 30*24*time.Hour, limit.Window{Calendar: limit.Month, Every: 1, Location: tokyo}
 				}
 				if err := l.Validate(); err != nil {
 					t.Fatal(err)
@@ -338,7 +339,7 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 						Refund: rng.IntN(8) == 0, Mode: backend.Mode(rng.IntN(3))}
 					switch rng.IntN(40) {
 					case 0, 1:
-						reqs[i].Limit = backend.Limit{Rate: 0, Period: time.Second, Overdraft: limits[k].Overdraft}
+						reqs[i].Limit = limit.Limit{Rate: 0, Period: time.Second, Overdraft: limits[k].Overdraft}
 					case 2, 3:
 						reqs[i].Cost = limits[k].Burst + 1 + rng.Int64N(1<<20)
 					case 4:
@@ -351,7 +352,7 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 					case 5:
 						// The rule changed: a debt is re-expressed (and forgiven) under it.
 						reqs[i].Limit.Rate++
-						if reqs[i].Limit.Algorithm != backend.GCRA {
+						if reqs[i].Limit.Algorithm != limit.GCRA {
 							reqs[i].Limit.Burst++
 						}
 					case 6, 7:
@@ -378,12 +379,12 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 					if r.OverdraftCharge() && !want[i].Allowed && wantCharged {
 						overdrawn++
 					}
-					if r.Limit.Overdraft && r.Limit.Algorithm == backend.FixedWindow && states[i].Alg == backend.FixedWindow && !states[i].Fresh(now) && states[i].Frac > r.Limit.Rate {
+					if r.Limit.Overdraft && r.Limit.Algorithm == limit.FixedWindow && states[i].Alg == limit.FixedWindow && !states[i].Fresh(now) && states[i].Frac > r.Limit.Rate {
 						debts++
 					}
-					if r.Limit.Overdraft && r.Limit.Algorithm == backend.GCRA && r.Limit.Rate > 0 && !states[i].Fresh(now) && states[i].TAT-now > r.Limit.Period.Microseconds()*r.Limit.Burst/r.Limit.Rate {
+					if r.Limit.Overdraft && r.Limit.Algorithm == limit.GCRA && r.Limit.Rate > 0 && !states[i].Fresh(now) && states[i].TAT-now > r.Limit.Period.Microseconds()*r.Limit.Burst/r.Limit.Rate {
 						debts++
-						if states[i].TAT-now >= int64(backend.MaxTolerance/time.Microsecond)-int64(10*time.Minute/time.Microsecond) {
+						if states[i].TAT-now >= int64(limit.MaxTolerance/time.Microsecond)-int64(10*time.Minute/time.Microsecond) {
 							saturated++
 						}
 					}
@@ -417,7 +418,7 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 				after := read()
 				// A batch that changed a key's rule and was undone across slots leaves the key
 				// as the new rule sees it (a debt under the old one forgiven): compare it so.
-				changed := map[string]backend.Limit{}
+				changed := map[string]limit.Limit{}
 				for _, r := range reqs {
 					if r.Limit.Rate > 0 {
 						changed[r.Key] = r.Limit
@@ -472,10 +473,10 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 	rng := rand.New(rand.NewPCG(3, uint64(now)))
 	t.Logf("seed %d", now)
 	keys := make([]string, 6)
-	limits := make([]backend.Limit, len(keys))
+	limits := make([]limit.Limit, len(keys))
 	for i := range keys {
 		keys[i] = "merged-" + strconv.Itoa(i)
-		limits[i] = backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8),
+		limits[i] = limit.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8),
 			Overdraft: i%2 == 1}
 	}
 	ctx := context.Background()
@@ -497,7 +498,7 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 					Refund: rng.IntN(8) == 0, Mode: backend.Mode(rng.IntN(3))}
 				switch rng.IntN(20) {
 				case 0:
-					c.reqs[i].Limit = backend.Limit{Rate: 0, Period: time.Second}
+					c.reqs[i].Limit = limit.Limit{Rate: 0, Period: time.Second}
 				case 1:
 					c.reqs[i].Cost = limits[k].Burst + 1 + rng.Int64N(100) // into debt under overdraft
 				}
@@ -550,8 +551,8 @@ func TestClusterCrossSlotConcurrent(t *testing.T) {
 			b := newTestBackend(t, clusterEnv, tc.opts)
 			ctx := context.Background()
 			ka, kb := keysOnTwoMasters(t, b, "xs-")
-			la := backend.Limit{Rate: 100, Period: time.Hour, Burst: 100}
-			lb := backend.Limit{Rate: 50, Period: time.Hour, Burst: 50}
+			la := limit.Limit{Rate: 100, Period: time.Hour, Burst: 100}
+			lb := limit.Limit{Rate: 50, Period: time.Hour, Burst: 50}
 			var admitted, denied atomic.Int64
 			var wg sync.WaitGroup
 			for range 8 {
@@ -593,8 +594,8 @@ func TestClusterUndoRestoresLog(t *testing.T) {
 	b := newTestBackend(t, clusterEnv, Options{})
 	ctx := context.Background()
 	ka, kb := keysOnTwoMasters(t, b, "undo-log-")
-	log := backend.Limit{Rate: 5, Period: time.Minute, Burst: 5, Algorithm: backend.SlidingLog}
-	spent := backend.Limit{Rate: 1, Period: time.Hour, Burst: 1}
+	log := limit.Limit{Rate: 5, Period: time.Minute, Burst: 5, Algorithm: limit.SlidingLog}
+	spent := limit.Limit{Rate: 1, Period: time.Hour, Burst: 1}
 	t0 := time.Now().UnixMicro()
 	now := t0
 	b.scriptNow = func() int64 { return now }
@@ -614,7 +615,7 @@ func TestClusterUndoRestoresLog(t *testing.T) {
 	if !decide(backend.Request{Key: ka, Limit: log, Cost: 2}) {
 		t.Fatal("the second batch was refused")
 	}
-	want := backend.State{Alg: backend.SlidingLog, Rate: 5, Period: 60e6, Log: []int64{t0, 2, t0 + 1e6, 2}}
+	want := backend.State{Alg: limit.SlidingLog, Rate: 5, Period: 60e6, Log: []int64{t0, 2, t0 + 1e6, 2}}
 	for _, batch := range [][]backend.Request{
 		{{Key: ka, Limit: log, Cost: 3, Refund: true}, {Key: kb, Limit: spent, Cost: 1}},
 		// A refund of every hit, then a charge at now, in the same refused batch.
@@ -676,7 +677,7 @@ func TestNoScript(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			l := backend.Limit{Rate: 10, Period: time.Hour, Burst: 10}
+			l := limit.Limit{Rate: 10, Period: time.Hour, Burst: 10}
 			reqs := []backend.Request{{Key: "ns-a", Limit: l, Cost: 1}, {Key: "ns-b", Limit: l, Cost: 1}, {Key: "ns-c", Limit: l, Cost: 1}}
 			decide := func(i int, after string) {
 				t.Helper()
@@ -725,7 +726,7 @@ func TestLibraryRefused(t *testing.T) {
 	if !b.Healthy() || b.fcall.Load() {
 		t.Fatalf("healthy %v, calls by FCALL %v: want healthy, by EVALSHA", b.Healthy(), b.fcall.Load())
 	}
-	l := backend.Limit{Rate: 2, Period: time.Hour, Burst: 2}
+	l := limit.Limit{Rate: 2, Period: time.Hour, Burst: 2}
 	for i, want := range []bool{true, true, false} {
 		ok, err := b.Decide(ctx, []backend.Request{{Key: "k", Limit: l, Cost: 1}}, make([]backend.Decision, 1))
 		if err != nil || ok != want {
@@ -788,7 +789,7 @@ func TestFCallRefused(t *testing.T) {
 				if !b.fcall.Load() {
 					t.Fatal("the library was not loaded")
 				}
-				l := backend.Limit{Rate: 2, Period: time.Hour, Burst: 2}
+				l := limit.Limit{Rate: 2, Period: time.Hour, Burst: 2}
 				for i, want := range []bool{true, true, false} {
 					ok, err := b.Decide(context.Background(), []backend.Request{{Key: "k", Limit: l, Cost: 1}}, make([]backend.Decision, 1))
 					if err != nil || ok != want {
@@ -823,7 +824,7 @@ func TestLibraryLater(t *testing.T) {
 	if err := admin.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
-	l := backend.Limit{Rate: 1000, Period: time.Hour, Burst: 1000}
+	l := limit.Limit{Rate: 1000, Period: time.Hour, Burst: 1000}
 	deadline := time.Now().Add(5 * time.Second)
 	for i := 0; !b.fcall.Load(); i++ {
 		if time.Now().After(deadline) {
@@ -850,7 +851,7 @@ func TestLocalCache(t *testing.T) {
 	counter := &commandCounter{calls: make(chan string, 1000)}
 	b.rdb.AddHook(counter)
 	ctx := context.Background()
-	l := backend.Limit{Rate: 2, Period: time.Second, Burst: 2} // a slot frees every 500ms
+	l := limit.Limit{Rate: 2, Period: time.Second, Burst: 2} // a slot frees every 500ms
 	decide := func(r backend.Request) backend.Decision {
 		t.Helper()
 		out := make([]backend.Decision, 1)
@@ -886,7 +887,7 @@ func TestLocalCache(t *testing.T) {
 	}{
 		{"higher cost, cached", backend.Request{Key: "hot", Limit: l, Cost: 3}, 0},
 		{"smaller cost asks Redis", backend.Request{Key: "hot", Limit: l, Cost: 1}, 1},
-		{"another limit asks Redis", backend.Request{Key: "hot", Limit: backend.Limit{Rate: 3, Period: time.Second, Burst: 2}, Cost: 2}, 1},
+		{"another limit asks Redis", backend.Request{Key: "hot", Limit: limit.Limit{Rate: 3, Period: time.Second, Burst: 2}, Cost: 2}, 1},
 		{"a batch with an uncached key asks Redis", backend.Request{Key: "cold", Limit: l, Cost: 1}, 1},
 	}
 	for _, s := range steps {
@@ -943,7 +944,7 @@ func testBreaker(t *testing.T, coalesce int) {
 	b.SubscribeHealth(func(h bool) { mu.Lock(); changes = append(changes, h); mu.Unlock() })
 	defer b.Close()
 	ctx := context.Background()
-	l := backend.Limit{Rate: 3, Period: time.Hour, Burst: 3}
+	l := limit.Limit{Rate: 3, Period: time.Hour, Burst: 3}
 	decide := func() (bool, error) {
 		out := make([]backend.Decision, 1)
 		return b.Decide(ctx, []backend.Request{{Key: "k", Limit: l, Cost: 1}}, out)
@@ -1010,7 +1011,7 @@ func TestStalledRedis(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer b.Close()
-			l := backend.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+			l := limit.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
 			call := func(i int) (time.Duration, error) {
 				start := time.Now()
 				out := make([]backend.Decision, 1)
@@ -1078,7 +1079,7 @@ func TestStartsWithRedisDown(t *testing.T) {
 		t.Fatal("Healthy with Redis down")
 	}
 	out := make([]backend.Decision, 1)
-	if _, err := b.Decide(context.Background(), []backend.Request{{Key: "k", Limit: backend.Limit{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1}}, out); !errors.Is(err, backend.ErrUnavailable) {
+	if _, err := b.Decide(context.Background(), []backend.Request{{Key: "k", Limit: limit.Limit{Rate: 1, Period: time.Second, Burst: 1}, Cost: 1}}, out); !errors.Is(err, backend.ErrUnavailable) {
 		t.Fatalf("Decide with Redis down: %v, want ErrUnavailable", err)
 	}
 	r.Start()
@@ -1185,7 +1186,7 @@ func TestSlot(t *testing.T) {
 // key is admitted, so the next denial reports what remains now, not what remained then.
 func TestLocalCacheDroppedWhenCharged(t *testing.T) {
 	b := newTestBackend(t, singleEnv, Options{LocalCacheSize: 10})
-	l := backend.Limit{Rate: 10, Period: time.Hour, Burst: 10}
+	l := limit.Limit{Rate: 10, Period: time.Hour, Burst: 10}
 	decide := func(cost int64) backend.Decision {
 		t.Helper()
 		out := make([]backend.Decision, 1)
@@ -1293,7 +1294,7 @@ func TestLocalCacheSkipsLongKeys(t *testing.T) {
 	b := newTestBackend(t, singleEnv, Options{LocalCacheSize: 10})
 	counter := &commandCounter{calls: make(chan string, 1000)}
 	b.rdb.AddHook(counter)
-	l := backend.Limit{Rate: 1, Period: time.Hour, Burst: 1}
+	l := limit.Limit{Rate: 1, Period: time.Hour, Burst: 1}
 	for _, tc := range []struct {
 		key   string
 		calls int

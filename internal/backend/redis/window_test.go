@@ -8,6 +8,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/backend/backendtest"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // TestClocked runs the cases of the window algorithms at instants the test sets (the script
@@ -47,8 +48,8 @@ func TestCalendarWindowClockSkew(t *testing.T) {
 		t.Fatal(err)
 	}
 	renew := time.Date(2026, 3, 1, 0, 0, 0, 0, tokyo)
-	l := backend.Limit{Rate: 1, Period: 30 * 24 * time.Hour, Burst: 1, Algorithm: backend.FixedWindow,
-		Window: backend.Window{Calendar: backend.Month, Every: 1, Location: tokyo}}
+	l := limit.Limit{Rate: 1, Period: 30 * 24 * time.Hour, Burst: 1, Algorithm: limit.FixedWindow,
+		Window: limit.Window{Calendar: limit.Month, Every: 1, Location: tokyo}}
 	for _, tc := range []struct {
 		name string
 		skew time.Duration // Redis's clock less rls's

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // This file is the wire format between Go and gcra.lua, in one place: the arguments of a call
@@ -87,7 +88,7 @@ func (c *call) add(key string, r *backend.Request, now int64) {
 	// windows (lengths Lua cannot know: time zones, months) as the window holding this
 	// process's now and the next one, from which the script takes the one holding Redis's.
 	var wa, wb, wc int64
-	if w := r.Limit.Window; w.Calendar != backend.NoCalendar {
+	if w := r.Limit.Window; w.Calendar != limit.NoCalendar {
 		wa, wb = r.Limit.Bounds(now)
 		_, wc = r.Limit.Bounds(wb)
 	} else {
@@ -254,9 +255,9 @@ func decodeMerged(reply string, calls []*call) error {
 // search). The algorithm first tells the forms apart: a GCRA TAT is never 1, 2 or 3.
 func encodeState(s backend.State) string {
 	switch s.Alg {
-	case backend.FixedWindow, backend.SlidingWindow:
+	case limit.FixedWindow, limit.SlidingWindow:
 		return string(appendDoubles(nil, int64(s.Alg), s.TAT, s.Frac, s.Prev, s.Rate, s.Period))
-	case backend.SlidingLog:
+	case limit.SlidingLog:
 		b := appendDoubles(nil, 3, s.Rate, s.Period, int64(len(s.Log)/2), 0)
 		cum := int64(0)
 		for i := 0; i+1 < len(s.Log); i += 2 {
@@ -274,9 +275,9 @@ func decodeState(v string) (s backend.State, ok bool) {
 		r := doubles(v)
 		switch alg := r.next(); {
 		case (alg == 1 || alg == 2) && len(v) == 48:
-			return backend.State{Alg: backend.Algorithm(alg), TAT: r.next(), Frac: r.next(), Prev: r.next(), Rate: r.next(), Period: r.next()}, true
+			return backend.State{Alg: limit.Algorithm(alg), TAT: r.next(), Frac: r.next(), Prev: r.next(), Rate: r.next(), Period: r.next()}, true
 		case alg == 3 && len(v) >= 40:
-			s = backend.State{Alg: backend.SlidingLog, Rate: r.next(), Period: r.next()}
+			s = backend.State{Alg: limit.SlidingLog, Rate: r.next(), Period: r.next()}
 			n, cum := r.next(), r.next()
 			if n < 0 || int64(len(v)) != 40+16*n {
 				return backend.State{}, false

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // doublesOf packs vals as the script does: little-endian doubles.
@@ -39,7 +40,7 @@ func plain(args []any) []any {
 // TestWireFormat pins the format gcra.lua's header describes: the arguments of each operation
 // and how each reply reads.
 func TestWireFormat(t *testing.T) {
-	l := backend.Limit{Rate: 7, Period: 3 * time.Second, Burst: 5}
+	l := limit.Limit{Rate: 7, Period: 3 * time.Second, Burst: 5}
 	newCall := func(multi bool, reqs ...backend.Request) *call {
 		c := &call{multi: multi, threshold: 2}
 		for i := range reqs {
@@ -69,10 +70,10 @@ func TestWireFormat(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		week := backend.Limit{Rate: 4, Period: 7 * 24 * time.Hour, Burst: 4, Algorithm: backend.FixedWindow, Window: backend.Window{Offset: 4 * 86400e6}}
-		month := backend.Limit{Rate: 4, Period: 30 * 24 * time.Hour, Burst: 4, Algorithm: backend.FixedWindow, Overdraft: true,
-			Window: backend.Window{Calendar: backend.Month, Every: 1, Location: paris}}
-		log := backend.Limit{Rate: 4, Period: time.Minute, Burst: 4, Algorithm: backend.SlidingLog}
+		week := limit.Limit{Rate: 4, Period: 7 * 24 * time.Hour, Burst: 4, Algorithm: limit.FixedWindow, Window: limit.Window{Offset: 4 * 86400e6}}
+		month := limit.Limit{Rate: 4, Period: 30 * 24 * time.Hour, Burst: 4, Algorithm: limit.FixedWindow, Overdraft: true,
+			Window: limit.Window{Calendar: limit.Month, Every: 1, Location: paris}}
+		log := limit.Limit{Rate: 4, Period: time.Minute, Burst: 4, Algorithm: limit.SlidingLog}
 		w := &call{}
 		at := time.Date(2026, 2, 10, 0, 0, 0, 0, paris).UnixMicro()
 		w.add("a", &backend.Request{Limit: week, Cost: 1}, at)
@@ -104,7 +105,7 @@ func TestWireFormat(t *testing.T) {
 	t.Run("undo arguments", func(t *testing.T) {
 		// A multi call of a GCRA key, a key with nothing to undo and a sliding_log key a refund
 		// took hits from at two instants; its reply, then the undo of what it wrote.
-		log := backend.Limit{Rate: 4, Period: time.Minute, Burst: 4, Algorithm: backend.SlidingLog}
+		log := limit.Limit{Rate: 4, Period: time.Minute, Burst: 4, Algorithm: limit.SlidingLog}
 		reqs := []backend.Request{{Limit: l, Cost: 1}, {Limit: l}, {Limit: log, Cost: 3, Refund: true}}
 		c := newCall(true, reqs...)
 		reply := doublesOf(1, 1, 4, 0, 428572, 1, 5, 0, 0, 1, 4, 0, 0) +
@@ -205,9 +206,9 @@ func TestWireFormat(t *testing.T) {
 			s    backend.State
 			want string
 		}{
-			{backend.State{Alg: backend.FixedWindow, TAT: 1_796_000_040_000_000, Frac: 3, Rate: 4, Period: 60e6}, doublesOf(1, 1_796_000_040_000_000, 3, 0, 4, 60e6)},
-			{backend.State{Alg: backend.SlidingWindow, TAT: 1_796_000_040_000_000, Frac: 3, Prev: 2, Rate: 4, Period: 60e6}, doublesOf(2, 1_796_000_040_000_000, 3, 2, 4, 60e6)},
-			{backend.State{Alg: backend.SlidingLog, Rate: 4, Period: 60e6, Log: []int64{1_796_000_000_000_001, 2, 1_796_000_000_000_009, 1}},
+			{backend.State{Alg: limit.FixedWindow, TAT: 1_796_000_040_000_000, Frac: 3, Rate: 4, Period: 60e6}, doublesOf(1, 1_796_000_040_000_000, 3, 0, 4, 60e6)},
+			{backend.State{Alg: limit.SlidingWindow, TAT: 1_796_000_040_000_000, Frac: 3, Prev: 2, Rate: 4, Period: 60e6}, doublesOf(2, 1_796_000_040_000_000, 3, 2, 4, 60e6)},
+			{backend.State{Alg: limit.SlidingLog, Rate: 4, Period: 60e6, Log: []int64{1_796_000_000_000_001, 2, 1_796_000_000_000_009, 1}},
 				doublesOf(3, 4, 60e6, 2, 0, 1_796_000_000_000_001, 2, 1_796_000_000_000_009, 3)},
 		} {
 			v := encodeState(tc.s)

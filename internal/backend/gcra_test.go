@@ -159,7 +159,7 @@ func (tb *tokenBucket) take(now, cost int64) (bool, int64) {
 	return ok, floor.Int64()
 }
 
-// TestGCRAEqualsTokenBucket reproduces the seed experiment: GCRA and a token bucket computed
+// TestGCRAEqualsTokenBucket: GCRA and a token bucket computed
 // with fractions agree on every one of 60,000 random arrivals, for several rates, bursts and
 // costs, both on the decision and on the remaining count.
 func TestGCRAEqualsTokenBucket(t *testing.T) {
@@ -203,7 +203,7 @@ func limitName(l limit.Limit) string {
 	return big.NewRat(l.Rate, 1).RatString() + "/" + l.Period.String() + " burst " + big.NewRat(l.Burst, 1).RatString()
 }
 
-// TestWindowBound checks the property the seed states: in any window of length W, at most
+// TestWindowBound checks GCRA's defining bound: in any window of length W, at most
 // burst + rate·W/period requests are admitted.
 func TestWindowBound(t *testing.T) {
 	l := limit.Limit{Rate: 60, Period: time.Minute, Burst: 10}
@@ -235,10 +235,10 @@ func TestWindowBound(t *testing.T) {
 	}
 }
 
-// TestMinuteEdge reproduces the seed's first arrival sequence: 60 requests in the second before
+// TestMinuteEdge: 60 requests in the second before
 // a minute edge and 60 in the second after it, at 60 per minute. A fixed window admits all 120;
 // GCRA admits the burst plus what refills during the two seconds (61 with burst 60, 11 with
-// burst 10, as the seed measured with a token bucket).
+// burst 10, as a token bucket of that capacity admits).
 func TestMinuteEdge(t *testing.T) {
 	var arrivals []int64
 	for i := range int64(120) {

@@ -125,7 +125,7 @@ func maxInPeriod(instants []float64, period float64) int {
 	return most
 }
 
-// TestArrivalPatterns reproduces the seeds' comparison (60 per 60 seconds; token bucket of
+// TestArrivalPatterns compares the algorithms on the same arrivals (60 per 60 seconds; token bucket of
 // capacity 10 and 60 at 1 per second as GCRA with burst 10 and 60): arrivals 60 + 60 across an
 // edge, then 2 per second from 100 s to 220 s, with the most each admits in any 60 seconds.
 func TestArrivalPatterns(t *testing.T) {

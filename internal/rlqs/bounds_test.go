@@ -115,7 +115,7 @@ func TestTargetsByIdentity(t *testing.T) {
 	}
 }
 
-// TestMaxProxies: a bucket at Limit.MaxProxies refuses a new proxy, recording nothing, and goes
+// TestMaxProxies: a bucket at Budget.MaxProxies refuses a new proxy, recording nothing, and goes
 // on deciding for the proxies it has.
 func TestMaxProxies(t *testing.T) {
 	m := NewMemory()

@@ -44,7 +44,7 @@ func PerMinute(alg limit.Algorithm, rate int64) limit.Limit {
 // AllAlgorithms lists the algorithms in order.
 var AllAlgorithms = []limit.Algorithm{limit.GCRA, limit.FixedWindow, limit.SlidingWindow, limit.SlidingLog}
 
-// Edge is the seeds' first experiment: 60 arrivals in the second before a minute's edge and
+// Edge is the minute-edge burst that lets a fixed window pass twice its limit: 60 arrivals in the second before a minute's edge and
 // 60 in the second after it, under 60 per minute. It returns how many alg admits, deciding
 // each arrival with decide at its instant.
 func Edge(decide func(at time.Time, r backend.Request) backend.Decision, key string, alg limit.Algorithm, edge time.Time) int {

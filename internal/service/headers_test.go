@@ -2,7 +2,6 @@ package service
 
 import (
 	"testing"
-	"time"
 )
 
 func headerMap(t *testing.T, f *fixture, n int) map[string]string {
@@ -58,26 +57,5 @@ func TestHeaders(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func TestCeilSeconds(t *testing.T) {
-	for d, want := range map[time.Duration]int64{0: 0, time.Nanosecond: 1, time.Second: 1, 1500 * time.Millisecond: 2} {
-		if got := ceilSeconds(d); got != want {
-			t.Errorf("ceilSeconds(%v) = %d, want %d", d, got, want)
-		}
-	}
-}
-
-func TestSFString(t *testing.T) {
-	tests := map[string]string{
-		"plain":       `"plain"`,
-		`a"b\c`:       `"a\"b\\c"`,
-		"caf\u00e9\n": `"caf???"`, // two UTF-8 bytes and a newline
-	}
-	for in, want := range tests {
-		if got := sfString(in); got != want {
-			t.Errorf("sfString(%q) = %s, want %s", in, got, want)
-		}
 	}
 }

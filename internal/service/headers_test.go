@@ -59,3 +59,18 @@ func TestHeaders(t *testing.T) {
 		})
 	}
 }
+
+func TestLegacyHeaderNames(t *testing.T) {
+	f := newFixture(t, Options{Headers: HeadersLegacy, LegacyHeaderNames: LegacyHeaderNames{
+		Limit: "X-RateLimit-Limit", Remaining: "X-RateLimit-Remaining", // Reset left at its default
+	}})
+	got := headerMap(t, f, 1)
+	for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "RateLimit-Reset"} {
+		if _, ok := got[k]; !ok {
+			t.Errorf("headers %v: no %s", got, k)
+		}
+	}
+	if len(got) != 3 {
+		t.Errorf("headers %v, want three", got)
+	}
+}

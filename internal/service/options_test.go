@@ -59,21 +59,6 @@ func TestGlobalQuotaMode(t *testing.T) {
 	}
 }
 
-func TestLegacyHeaderNames(t *testing.T) {
-	f := newFixture(t, Options{Headers: HeadersLegacy, LegacyHeaderNames: LegacyHeaderNames{
-		Limit: "X-RateLimit-Limit", Remaining: "X-RateLimit-Remaining", // Reset left at its default
-	}})
-	got := headerMap(t, f, 1)
-	for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "RateLimit-Reset"} {
-		if _, ok := got[k]; !ok {
-			t.Errorf("headers %v: no %s", got, k)
-		}
-	}
-	if len(got) != 3 {
-		t.Errorf("headers %v, want three", got)
-	}
-}
-
 func TestNoRulesYet(t *testing.T) {
 	m, _ := backend.NewMemory(backend.MemoryOptions{})
 	svc, err := New(nil, Options{Backend: m})

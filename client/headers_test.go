@@ -15,13 +15,9 @@ import (
 const headerRules = `
 domain: test
 descriptors:
-  - key: api_key
-    rate_limit: {name: per_key, unit: hour, requests_per_unit: 3}
-  - key: plan
-    rate_limit: {unit: day, requests_per_unit: 3}
-  - key: generic_key
-    value: global
-    rate_limit: {name: 'gl"obal', unit: day, unit_multiplier: 30, requests_per_unit: 1000}
+  - {key: api_key, rate_limit: {name: per_key, unit: hour, requests_per_unit: 3}}
+  - {key: plan, rate_limit: {unit: day, requests_per_unit: 3}}
+  - {key: generic_key, value: global, rate_limit: {name: 'gl"obal', unit: day, unit_multiplier: 30, requests_per_unit: 1000}}
 `
 
 // TestHeaderStylesMatchServer holds rls's headers (--response-headers) and the client's

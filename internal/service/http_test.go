@@ -5,9 +5,6 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 )
 
 func TestJSONContentType(t *testing.T) {
@@ -44,16 +41,6 @@ func TestJSONContentType(t *testing.T) {
 			}
 		})
 	}
-}
-
-// counterValue reads a counter.
-func counterValue(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }
 
 // TestJSONTooLarge: a body over the bound is answered 413, at once when its Content-Length says

@@ -1,19 +1,10 @@
 package service
 
 import (
-	"context"
-	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
-
-	"github.com/rls-project/rls/internal/backend"
-	"github.com/rls-project/rls/internal/descriptors"
 )
 
 func askCodes(t *testing.T, f *fixture, n int, kv ...string) string {
@@ -56,43 +47,6 @@ func TestGlobalQuotaMode(t *testing.T) {
 	}
 	if got := newFixture(t, Options{}).ask(t, desc("ip", "q")).GetDynamicMetadata(); got != nil {
 		t.Errorf("without --quota-mode: metadata %v, want none", got)
-	}
-}
-
-func TestNoRulesYet(t *testing.T) {
-	m, _ := backend.NewMemory(backend.MemoryOptions{})
-	svc, err := New(nil, Options{Backend: m})
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, err = svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: nil})
-	if status.Code(err) == codes.Unavailable {
-		t.Fatalf("an invalid request must still be InvalidArgument first: %v", err)
-	}
-	_, err = svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("ip", "a")}})
-	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "no rules") {
-		t.Fatalf("before rules: %v, want UNAVAILABLE no rules loaded yet", err)
-	}
-	for _, h := range []http.Handler{svc.RulesHandler(), svc.RLConfigHandler()} {
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
-		if rec.Code != http.StatusServiceUnavailable {
-			t.Errorf("debug handler before rules: %d", rec.Code)
-		}
-	}
-	rs, err := descriptors.Parse(map[string][]byte{"api.yaml": []byte(rules)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc.SetRules(rs)
-	resp, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("ip", "a")}})
-	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit == nil {
-		t.Fatalf("with rules: %v %v", resp, err)
-	}
-	rec := httptest.NewRecorder()
-	svc.RLConfigHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/rlconfig", nil))
-	if body := rec.Body.String(); !strings.Contains(body, "api.ip: unit=SECOND requests_per_unit=2") || !strings.Contains(body, "api.plan_free: unit=DAY requests_per_unit=3") {
-		t.Errorf("/rlconfig:\n%s", body)
 	}
 }
 

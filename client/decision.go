@@ -114,7 +114,8 @@ const (
 	// them: one list item per limited descriptor, named by its rule's name or descriptor-<i>.
 	HeadersDraft HeaderStyle = iota
 	// HeadersLegacy writes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset (delta
-	// seconds) as Envoy's enable_x_ratelimit_headers DRAFT_VERSION_03 does.
+	// seconds) as Envoy's enable_x_ratelimit_headers DRAFT_VERSION_03 does, and as rls
+	// --response-headers legacy does under those names.
 	HeadersLegacy
 	// HeadersNone writes no rate-limit headers (Retry-After still goes on a denial).
 	HeadersNone

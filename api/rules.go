@@ -17,6 +17,9 @@
 // rls decodes these types strictly: an unknown or repeated key, a null list item, a count that is
 // not a whole number in range, or a second YAML document in the file is an error, reported with
 // its file and line. Anchors, aliases and merge keys ("<<") are followed.
+//
+// The yaml tags are the format's keys, named once: the loader's lists of known keys are read
+// from them, and a test holds the rules rls builds from xDS to them.
 package api
 
 // RuleFile is one rule file: a domain and its descriptor tree.

@@ -3,11 +3,9 @@ package client
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
@@ -20,6 +18,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/internal/limit"
+	"github.com/rls-project/rls/internal/tlsroots"
 )
 
 // FailurePolicy is the answer when rls cannot answer in time: it is down, unreachable, too slow
@@ -147,18 +146,16 @@ func (c *Client) Close() error {
 	return c.conn.Close()
 }
 
-// TLSConfig returns a TLS config from PEM files: caFile verifies rls's certificate (empty: the
-// system roots); certFile and keyFile, when set, are this client's certificate for mutual TLS.
+// TLSConfig returns a TLS config from PEM files: rls's certificate is verified against the
+// system's roots with caFile's certificates added (empty: the system's roots alone), as rls
+// reads --xds-tls-ca and --redis-tls-ca; certFile and keyFile, when set, are this client's
+// certificate for mutual TLS.
 func TLSConfig(caFile, certFile, keyFile string) (*tls.Config, error) {
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
 	if caFile != "" {
-		pem, err := os.ReadFile(caFile)
+		pool, err := tlsroots.Pool(caFile)
 		if err != nil {
 			return nil, fmt.Errorf("client: CA: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("client: CA %s: no PEM certificates", caFile)
 		}
 		cfg.RootCAs = pool
 	}

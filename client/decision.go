@@ -2,8 +2,9 @@ package client
 
 import (
 	"net/http"
-	"strconv"
 	"time"
+
+	"github.com/rls-project/rls/internal/ratelimitheader"
 )
 
 // Limit is a rate limit as rls reports it: Requests per Window, under a rule's Name. The zero
@@ -113,14 +114,12 @@ const (
 	// them: one list item per limited descriptor, named by its rule's name or descriptor-<i>.
 	HeadersDraft HeaderStyle = iota
 	// HeadersLegacy writes X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset (delta
-	// seconds) as Envoy's enable_x_ratelimit_headers DRAFT_VERSION_03 does.
+	// seconds) as Envoy's enable_x_ratelimit_headers DRAFT_VERSION_03 does, and as rls
+	// --response-headers legacy does under those names.
 	HeadersLegacy
 	// HeadersNone writes no rate-limit headers (Retry-After still goes on a denial).
 	HeadersNone
 )
-
-// ceilSeconds rounds d up to whole seconds.
-func ceilSeconds(d time.Duration) int64 { return int64((d + time.Second - 1) / time.Second) }
 
 // WriteHeaders sets on h the headers a response carries for d: the rate-limit headers in style,
 // Retry-After (whole seconds, at least 1) when denied, then each header rls sent that h does not
@@ -133,7 +132,7 @@ func (d *Decision) WriteHeaders(h http.Header, style HeaderStyle) {
 		d.legacy(h)
 	}
 	if !d.Allowed {
-		h.Set("Retry-After", strconv.FormatInt(max(ceilSeconds(d.RetryAfter), 1), 10))
+		h.Set("Retry-After", ratelimitheader.RetryAfter(d.RetryAfter))
 	}
 	for k, vs := range d.RLSHeaders {
 		if _, ok := h[k]; !ok {
@@ -151,87 +150,24 @@ func (d *Decision) Header(style HeaderStyle) http.Header {
 
 func limited(st *Status) bool { return st.Limit.Requests != 0 || st.Limit.Window != 0 }
 
+// status is st as the headers show it.
+func (d *Decision) status(i int) ratelimitheader.Status {
+	st := &d.Statuses[i]
+	return ratelimitheader.Status{Limited: limited(st), Name: st.Limit.Name, Requests: st.Limit.Requests,
+		Window: int64(st.Limit.Window / time.Second), Remaining: st.Remaining, Reset: st.Wait}
+}
+
 func (d *Decision) draft(h http.Header) {
-	var policy, state []byte
-	for i := range d.Statuses {
-		st := &d.Statuses[i]
-		if !limited(st) {
-			continue
-		}
-		if len(policy) > 0 {
-			policy = append(policy, ", "...)
-			state = append(state, ", "...)
-		}
-		mark := len(policy)
-		if st.Limit.Name != "" {
-			policy = appendSFString(policy, st.Limit.Name)
-		} else {
-			policy = append(policy, `"descriptor-`...)
-			policy = strconv.AppendInt(policy, int64(i), 10)
-			policy = append(policy, '"')
-		}
-		state = append(state, policy[mark:]...)
-		policy = append(policy, ";q="...)
-		policy = strconv.AppendUint(policy, uint64(st.Limit.Requests), 10)
-		policy = append(policy, ";w="...)
-		policy = strconv.AppendInt(policy, int64(st.Limit.Window/time.Second), 10)
-		state = append(state, ";r="...)
-		state = strconv.AppendUint(state, uint64(st.Remaining), 10)
-		state = append(state, ";t="...)
-		state = strconv.AppendInt(state, ceilSeconds(st.Wait), 10)
+	if policy, state, ok := ratelimitheader.Draft(len(d.Statuses), d.status); ok {
+		h["Ratelimit-Policy"] = []string{policy}
+		h["Ratelimit"] = []string{state}
 	}
-	if len(policy) == 0 {
-		return
-	}
-	h["Ratelimit-Policy"] = []string{string(policy)}
-	h["Ratelimit"] = []string{string(state)}
 }
 
 func (d *Decision) legacy(h http.Header) {
-	min := -1
-	for i := range d.Statuses {
-		st := &d.Statuses[i]
-		if limited(st) && (min < 0 || st.Remaining < d.Statuses[min].Remaining) {
-			min = i
-		}
+	if limit, remaining, reset, ok := ratelimitheader.Legacy(len(d.Statuses), d.status); ok {
+		h["X-Ratelimit-Limit"] = []string{limit}
+		h["X-Ratelimit-Remaining"] = []string{remaining}
+		h["X-Ratelimit-Reset"] = []string{reset}
 	}
-	if min < 0 {
-		return
-	}
-	m := &d.Statuses[min]
-	b := strconv.AppendUint(nil, uint64(m.Limit.Requests), 10)
-	for i := range d.Statuses {
-		st := &d.Statuses[i]
-		if !limited(st) || st.Limit.Window < time.Second {
-			continue
-		}
-		b = append(b, ", "...)
-		b = strconv.AppendUint(b, uint64(st.Limit.Requests), 10)
-		b = append(b, ";w="...)
-		b = strconv.AppendInt(b, int64(st.Limit.Window/time.Second), 10)
-		if st.Limit.Name != "" {
-			b = append(b, ";name="...)
-			b = appendSFString(b, st.Limit.Name)
-		}
-	}
-	h["X-Ratelimit-Limit"] = []string{string(b)}
-	h["X-Ratelimit-Remaining"] = []string{strconv.FormatUint(uint64(m.Remaining), 10)}
-	h["X-Ratelimit-Reset"] = []string{strconv.FormatInt(ceilSeconds(m.Wait), 10)}
-}
-
-// appendSFString appends s as a Structured Field string (RFC 9651), as rls renders it: printable
-// ASCII, with '"' and '\\' escaped and any other byte replaced by '?'.
-func appendSFString(b []byte, s string) []byte {
-	b = append(b, '"')
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; {
-		case c == '"' || c == '\\':
-			b = append(b, '\\', c)
-		case c < 0x20 || c > 0x7e:
-			b = append(b, '?')
-		default:
-			b = append(b, c)
-		}
-	}
-	return append(b, '"')
 }

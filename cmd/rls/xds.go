@@ -6,12 +6,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"os"
 	"strings"
 	"time"
 
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 
+	"github.com/rls-project/rls/internal/tlsroots"
 	"github.com/rls-project/rls/internal/xds"
 )
 
@@ -82,17 +82,9 @@ func clientTLS(what, cert, key, ca, serverName string, skipName bool) (*tls.Conf
 		cfg.Certificates = []tls.Certificate{c}
 	}
 	if ca != "" {
-		pem, err := os.ReadFile(ca)
+		pool, err := tlsroots.Pool(ca)
 		if err != nil {
 			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		// Added to the system's roots, as envoyproxy/ratelimit does.
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			pool = x509.NewCertPool()
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("%s: %s: no PEM certificates", what, ca)
 		}
 		cfg.RootCAs = pool
 	}

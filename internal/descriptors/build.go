@@ -84,11 +84,14 @@ func (b *builder) file(name string, data []byte) {
 		return
 	}
 	var list *yaml.Node
-	b.mapping(doc, "RuleFile", ruleFileFields, func(field int, _, v *yaml.Node) {
-		if field == 0 {
+	b.mapping(doc, "RuleFile", ruleFileFields, func(field int, k, v *yaml.Node) {
+		switch ruleFileFields[field] {
+		case "domain":
 			b.domain = b.str(v, "domain")
-		} else {
+		case "descriptors":
 			list = v
+		default:
+			b.undecoded(k, "RuleFile")
 		}
 	})
 	if b.domain == "" {

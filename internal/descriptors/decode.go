@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -18,14 +19,30 @@ import (
 // repeated keys, null list items and counts that are not whole numbers, and keeps no second
 // decoded copy of the file in memory while the tree is built.
 
-// The keys of each mapping of the format, as in package api's yaml tags.
+// The keys of each mapping of the format: package api's yaml tags, so that a field added there
+// is a key here. Each decoder below has a case for every key, and its default reports a key it
+// does not decode (TestEveryAPIFieldDecoded holds them to api).
 var (
-	ruleFileFields   = []string{"domain", "descriptors"}
-	descriptorFields = []string{"key", "value", "rate_limit", "rate_limits", "descriptors", "shadow_mode", "quota_mode",
-		"detailed_metric", "value_to_metric", "share_threshold", "metadata", "failure_mode"}
-	rateLimitFields = []string{"unit", "requests_per_unit", "unlimited", "name", "replaces", "burst", "unit_multiplier", "overdraft", "algorithm", "timezone"}
-	replaceFields   = []string{"name"}
+	ruleFileFields   = yamlKeys(reflect.TypeFor[api.RuleFile]())
+	descriptorFields = yamlKeys(reflect.TypeFor[api.Descriptor]())
+	rateLimitFields  = yamlKeys(reflect.TypeFor[api.RateLimit]())
+	replaceFields    = yamlKeys(reflect.TypeFor[api.Replace]())
 )
+
+// yamlKeys lists the yaml keys of struct type t's fields, in order. A mapping marks the keys it
+// has seen in one uint64, so a type has at most 64 (which the test holds).
+func yamlKeys(t reflect.Type) []string {
+	keys := make([]string, t.NumField())
+	for i := range keys {
+		keys[i], _, _ = strings.Cut(t.Field(i).Tag.Get("yaml"), ",")
+	}
+	return keys
+}
+
+// undecoded reports a key of package api that the decoder of typ has no case for.
+func (b *builder) undecoded(k *yaml.Node, typ string) {
+	b.rawf(k.Line, "key %s in %s is in package api but not decoded", k.Value, typ)
+}
 
 // decodedMetadata is a metadata mapping decoded, with its number of values.
 type decodedMetadata struct {
@@ -308,6 +325,8 @@ func (b *builder) descriptor(n *yaml.Node) rawDescriptor {
 			}
 		case "failure_mode":
 			d.FailureMode = b.str(v, "failure_mode")
+		default:
+			b.undecoded(k, "Descriptor")
 		}
 	})
 	return d
@@ -316,7 +335,7 @@ func (b *builder) descriptor(n *yaml.Node) rawDescriptor {
 // limit decodes one rate_limit mapping.
 func (b *builder) limit(n *yaml.Node) rawLimit {
 	l := rawLimit{node: n}
-	b.mapping(n, "RateLimit", rateLimitFields, func(field int, _, v *yaml.Node) {
+	b.mapping(n, "RateLimit", rateLimitFields, func(field int, k, v *yaml.Node) {
 		switch rateLimitFields[field] {
 		case "unit":
 			l.Unit = b.str(v, "unit")
@@ -341,7 +360,13 @@ func (b *builder) limit(n *yaml.Node) rawLimit {
 			for _, it := range list.Content {
 				var r api.Replace
 				if m := deref(it); m.Kind == yaml.MappingNode {
-					b.mapping(m, "Replace", replaceFields, func(_ int, _, v *yaml.Node) { r.Name = b.str(v, "name") })
+					b.mapping(m, "Replace", replaceFields, func(field int, k, v *yaml.Node) {
+						if replaceFields[field] == "name" {
+							r.Name = b.str(v, "name")
+						} else {
+							b.undecoded(k, "Replace")
+						}
+					})
 				} else if !isNull(m) {
 					b.errorf(it.Line, "replaces: an entry must be a mapping with a name, not %s", kindOf(m))
 					continue
@@ -358,6 +383,8 @@ func (b *builder) limit(n *yaml.Node) rawLimit {
 			l.Algorithm = b.str(v, "algorithm")
 		case "timezone":
 			l.Timezone = b.str(v, "timezone")
+		default:
+			b.undecoded(k, "RateLimit")
 		}
 	})
 	return l

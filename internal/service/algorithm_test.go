@@ -10,10 +10,8 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rls-project/rls/internal/backend"
-	"github.com/rls-project/rls/internal/descriptors"
 )
 
 const algorithmRules = `domain: api
@@ -29,15 +27,7 @@ descriptors:
 // TestAlgorithmsNamed: the explain endpoint and rls_rule_algorithm name each limit's algorithm,
 // and a request under all four is admitted whole or not at all.
 func TestAlgorithmsNamed(t *testing.T) {
-	rs, err := descriptors.Parse(map[string][]byte{"api.yaml": []byte(algorithmRules)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rs, m, reg := rulesWithMetrics(t, algorithmRules)
 	now := time.Date(2026, 1, 31, 14, 59, 0, 0, time.UTC) // 23:59 in Tokyo
 	mem, err := backend.NewMemory(backend.MemoryOptions{Now: func() time.Time { return now }})
 	if err != nil {

@@ -2,7 +2,6 @@ package service
 
 import (
 	"testing"
-	"time"
 )
 
 func headerMap(t *testing.T, f *fixture, n int) map[string]string {
@@ -61,23 +60,17 @@ func TestHeaders(t *testing.T) {
 	}
 }
 
-func TestCeilSeconds(t *testing.T) {
-	for d, want := range map[time.Duration]int64{0: 0, time.Nanosecond: 1, time.Second: 1, 1500 * time.Millisecond: 2} {
-		if got := ceilSeconds(d); got != want {
-			t.Errorf("ceilSeconds(%v) = %d, want %d", d, got, want)
+func TestLegacyHeaderNames(t *testing.T) {
+	f := newFixture(t, Options{Headers: HeadersLegacy, LegacyHeaderNames: LegacyHeaderNames{
+		Limit: "X-RateLimit-Limit", Remaining: "X-RateLimit-Remaining", // Reset left at its default
+	}})
+	got := headerMap(t, f, 1)
+	for _, k := range []string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "RateLimit-Reset"} {
+		if _, ok := got[k]; !ok {
+			t.Errorf("headers %v: no %s", got, k)
 		}
 	}
-}
-
-func TestSFString(t *testing.T) {
-	tests := map[string]string{
-		"plain":       `"plain"`,
-		`a"b\c`:       `"a\"b\\c"`,
-		"caf\u00e9\n": `"caf???"`, // two UTF-8 bytes and a newline
-	}
-	for in, want := range tests {
-		if got := sfString(in); got != want {
-			t.Errorf("sfString(%q) = %s, want %s", in, got, want)
-		}
+	if len(got) != 3 {
+		t.Errorf("headers %v, want three", got)
 	}
 }

@@ -419,7 +419,8 @@ func (s *Service) timedDecide(ctx context.Context, w *work) (bool, error) {
 	return admitted, err
 }
 
-// response builds the answer: one status per request descriptor, in order.
+// response builds the answer: one status per request descriptor, in order, each from the
+// limit that answers for it (limiting), then the dynamic metadata and the headers.
 func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) *rlsv3.RateLimitResponse {
 	resp := &rlsv3.RateLimitResponse{
 		OverallCode: rlsv3.RateLimitResponse_OK,
@@ -428,9 +429,7 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 	if !admitted {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
-	var quotaSeen bool
-	var quotaViolations []any
-	var meta map[string]any
+	var md responseMetadata
 	k := 0
 	for i := range req.Descriptors {
 		st := &rlsv3.RateLimitResponse_DescriptorStatus{Code: rlsv3.RateLimitResponse_OK}
@@ -439,19 +438,8 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 		if r != nil && r.Unlimited {
 			st.LimitRemaining = math.MaxUint32
 		}
-		// Pick the limit that denies or, when all admit, the one with least remaining.
-		best := -1
-		for ; k < len(w.items) && w.items[k].desc == i; k++ {
-			if best < 0 {
-				best = k
-				continue
-			}
-			b, c := &w.items[best].dec, &w.items[k].dec
-			if b.Allowed && (!c.Allowed || c.Remaining < b.Remaining) {
-				best = k
-			}
-		}
-		if best < 0 {
+		var best int
+		if best, k = limiting(w.items, i, k); best < 0 {
 			continue
 		}
 		it := &w.items[best]
@@ -463,63 +451,109 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 			// headers don't promise what nothing counted.
 			continue
 		}
-		d := it.dec
-		lim := it.limit
-		st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
-			Name:            lim.Name,
-			RequestsPerUnit: lim.RequestsPerUnit,
-			Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(lim.Unit),
-		}
-		if lim.UnitMultiplier > 1 {
-			// Absent means 1: the answer Envoy decodes on every request stays smaller.
-			st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(lim.UnitMultiplier)
-		}
-		st.LimitRemaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
-		wait := d.ResetAfter
-		if !d.Allowed {
-			wait = d.RetryAfter
-			if wait <= 0 && it.req.Cost > it.req.Limit.Burst {
-				// A cost above the burst never passes: never answer "retry now".
-				wait = fullSpan(it.req.Limit)
-			}
-			if it.req.Mode != backend.Shadow {
-				st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
-			}
-		}
-		st.DurationUntilReset = durationpb.New(wait)
-		if r != nil && (r.QuotaMode || s.quotaAll) {
-			quotaSeen = true
-			if !d.Allowed {
-				quotaViolations = append(quotaViolations, float64(i))
-			}
-		}
-		if r != nil && r.Metadata != nil && st.Code == rlsv3.RateLimitResponse_OK && admitted {
-			if meta == nil {
-				meta = map[string]any{}
-			}
-			for key, v := range r.Metadata {
-				meta[key] = v
-			}
-		}
+		setStatus(st, it)
+		md.add(i, r, st, it.dec.Allowed, admitted, s.quotaAll)
 	}
-	if quotaSeen {
-		if meta == nil {
-			meta = map[string]any{}
-		}
-		meta["quotaModeEnabled"] = true
-		meta["quotaModeViolations"] = quotaViolations
-	}
-	if meta != nil {
-		if md, err := structpb.NewStruct(meta); err == nil {
-			resp.DynamicMetadata = md
-		} else {
-			s.log.Warn("dropping dynamic metadata", slog.Any("err", err))
-		}
-	}
+	resp.DynamicMetadata = md.build(s.log)
 	if s.headers != HeadersNone {
 		resp.ResponseHeadersToAdd = s.headers.build(resp.Statuses, s.headerNames)
 	}
 	return resp
+}
+
+// limiting returns the index of the item that answers for descriptor i, among the items from k
+// on (those of descriptor i come first), and the index of the next descriptor's first item:
+// the limit that denies or, when all admit, the one with least remaining; -1 when i has none.
+func limiting(items []item, i, k int) (best, next int) {
+	best = -1
+	for ; k < len(items) && items[k].desc == i; k++ {
+		if best < 0 {
+			best = k
+			continue
+		}
+		b, c := &items[best].dec, &items[k].dec
+		if b.Allowed && (!c.Allowed || c.Remaining < b.Remaining) {
+			best = k
+		}
+	}
+	return best, k
+}
+
+// setStatus fills st from the item that answers for its descriptor: the limit, what remains,
+// the wait and, when denied outside shadow mode, OVER_LIMIT.
+func setStatus(st *rlsv3.RateLimitResponse_DescriptorStatus, it *item) {
+	d := it.dec
+	lim := it.limit
+	st.CurrentLimit = &rlsv3.RateLimitResponse_RateLimit{
+		Name:            lim.Name,
+		RequestsPerUnit: lim.RequestsPerUnit,
+		Unit:            rlsv3.RateLimitResponse_RateLimit_Unit(lim.Unit),
+	}
+	if lim.UnitMultiplier > 1 {
+		// Absent means 1: the answer Envoy decodes on every request stays smaller.
+		st.CurrentLimit.UnitMultiplier = wrapperspb.UInt32(lim.UnitMultiplier)
+	}
+	st.LimitRemaining = uint32(min(max(d.Remaining, 0), math.MaxUint32))
+	wait := d.ResetAfter
+	if !d.Allowed {
+		wait = d.RetryAfter
+		if wait <= 0 && it.req.Cost > it.req.Limit.Burst {
+			// A cost above the burst never passes: never answer "retry now".
+			wait = fullSpan(it.req.Limit)
+		}
+		if it.req.Mode != backend.Shadow {
+			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+	}
+	st.DurationUntilReset = durationpb.New(wait)
+}
+
+// responseMetadata gathers a response's dynamic metadata: quota mode's enabled flag and
+// violations, and the metadata of the rules that admitted their descriptor.
+type responseMetadata struct {
+	quotaSeen       bool
+	quotaViolations []any
+	meta            map[string]any
+}
+
+// add takes descriptor i's share: r its rule (nil for none), st its status, allowed its limit's
+// decision, admitted the request's; quotaAll is --quota-mode.
+func (m *responseMetadata) add(i int, r *descriptors.Rule, st *rlsv3.RateLimitResponse_DescriptorStatus, allowed, admitted, quotaAll bool) {
+	if r != nil && (r.QuotaMode || quotaAll) {
+		m.quotaSeen = true
+		if !allowed {
+			m.quotaViolations = append(m.quotaViolations, float64(i))
+		}
+	}
+	if r != nil && r.Metadata != nil && st.Code == rlsv3.RateLimitResponse_OK && admitted {
+		if m.meta == nil {
+			m.meta = map[string]any{}
+		}
+		for key, v := range r.Metadata {
+			m.meta[key] = v
+		}
+	}
+}
+
+// build returns the metadata as the response carries it, nil when there is none. Metadata that
+// a Struct cannot hold is dropped with a warning.
+func (m *responseMetadata) build(log *slog.Logger) *structpb.Struct {
+	if m.quotaSeen {
+		if m.meta == nil {
+			m.meta = map[string]any{}
+		}
+		m.meta["quotaModeEnabled"] = true
+		m.meta["quotaModeViolations"] = m.quotaViolations
+	}
+	if m.meta == nil {
+		return nil
+	}
+	md, err := structpb.NewStruct(m.meta)
+	if err != nil {
+		log.Warn("dropping dynamic metadata", slog.Any("err", err))
+		return nil
+	}
+	return md
 }
 
 // fullSpan is the time a limit takes to refill a whole burst, Burst×Period/Rate (Period for a

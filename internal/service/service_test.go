@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"math"
+	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -404,5 +406,61 @@ func TestFailureModes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+func TestCostAboveBurst(t *testing.T) {
+	f := newFixture(t, Options{})
+	d := desc("key", "cost")
+	d.HitsAddend = wrapperspb.UInt64(5) // per_key: 3 a minute, burst 3
+	for i := range 2 {
+		r := f.ask(t, d)
+		st := r.Statuses[0]
+		if codesOf(r) != "OVER_LIMIT OVER_LIMIT" || st.DurationUntilReset.AsDuration() != time.Minute {
+			t.Fatalf("request %d, cost 5 above burst 3: %v, want OVER_LIMIT for a full burst's span (1m), never 0s", i+1, r)
+		}
+	}
+	if f := fullSpan(limit.Limit{Rate: 7, Period: time.Second, Burst: 3}); f != time.Second {
+		t.Fatalf("fullSpan rounds up to a second: %v", f)
+	}
+	if f := fullSpan(limit.Limit{Rate: 1, Period: 1 << 62, Burst: 1 << 32}); f != 1<<63-1 {
+		t.Fatalf("fullSpan saturates: %v", f)
+	}
+}
+
+func TestNoRulesYet(t *testing.T) {
+	m, _ := backend.NewMemory(backend.MemoryOptions{})
+	svc, err := New(nil, Options{Backend: m})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: nil})
+	if status.Code(err) == codes.Unavailable {
+		t.Fatalf("an invalid request must still be InvalidArgument first: %v", err)
+	}
+	_, err = svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("ip", "a")}})
+	if status.Code(err) != codes.Unavailable || !strings.Contains(err.Error(), "no rules") {
+		t.Fatalf("before rules: %v, want UNAVAILABLE no rules loaded yet", err)
+	}
+	for _, h := range []http.Handler{svc.RulesHandler(), svc.RLConfigHandler()} {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest("GET", "/", nil))
+		if rec.Code != http.StatusServiceUnavailable {
+			t.Errorf("debug handler before rules: %d", rec.Code)
+		}
+	}
+	rs, err := descriptors.Parse(map[string][]byte{"api.yaml": []byte(rules)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc.SetRules(rs)
+	resp, err := svc.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("ip", "a")}})
+	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit == nil {
+		t.Fatalf("with rules: %v %v", resp, err)
+	}
+	rec := httptest.NewRecorder()
+	svc.RLConfigHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/rlconfig", nil))
+	if body := rec.Body.String(); !strings.Contains(body, "api.ip: unit=SECOND requests_per_unit=2") || !strings.Contains(body, "api.plan_free: unit=DAY requests_per_unit=3") {
+		t.Errorf("/rlconfig:\n%s", body)
 	}
 }

@@ -1,6 +1,7 @@
 package service
 
 import (
+	"context"
 	"crypto/subtle"
 	"errors"
 	"fmt"
@@ -90,23 +91,8 @@ func (s *Service) KeysHandler(opts KeysOptions) http.Handler {
 		warn = logthrottle.New(log, DefaultWarningInterval)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		reset := false
-		switch r.Method {
-		case http.MethodGet, http.MethodHead:
-		case http.MethodPost, http.MethodDelete:
-			if len(opts.AdminToken) == 0 {
-				http.NotFound(w, r)
-				return
-			}
-			if !authorized(r, opts.AdminToken) {
-				warn.Warn("key reset refused", "key reset refused: wrong or missing admin token", "remote", r.RemoteAddr)
-				http.Error(w, "forbidden", http.StatusForbidden)
-				return
-			}
-			reset = true
-		default:
-			w.Header().Set("Allow", "GET, HEAD, POST, DELETE")
-			http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		reset, ok := keysMethod(w, r, opts.AdminToken, warn)
+		if !ok {
 			return
 		}
 		req, err := keysQuery(r.URL.Query())
@@ -121,54 +107,102 @@ func (s *Service) KeysHandler(opts KeysOptions) http.Handler {
 		}
 		var wk work
 		s.translate(rs, req, &wk, true)
-		res := KeysResult{Domain: req.GetDomain(), Descriptors: make([]KeyDescriptor, len(req.Descriptors))}
-		for i, d := range req.Descriptors {
-			kd := &res.Descriptors[i]
-			for _, e := range d.Entries {
-				kd.Entries = append(kd.Entries, descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()})
-			}
-			kd.Limits = []KeyLimit{}
-			if ru := wk.descs[i].rule; ru != nil {
-				kd.Rule = ru.Path
-			}
+		res := keysMatched(req, &wk)
+		if reset && !s.resetKeys(w, r, &wk, &res, log) {
+			return
 		}
-		if reset {
-			rb, ok := s.backend.(backend.Resetter)
-			if !ok {
-				http.Error(w, "this backend cannot reset keys", http.StatusNotImplemented)
-				return
-			}
-			keys := make([]string, 0, len(wk.items))
-			for k := range wk.items {
-				keys = append(keys, wk.items[k].req.Key)
-			}
-			if err := rb.Reset(r.Context(), keys); err != nil {
-				http.Error(w, clientMessage(err), statusOf(err))
-				return
-			}
-			res.Reset = len(keys)
-			// An audit record of an operator's write, rare by nature: it names what was reset so
-			// that support can tell, and never the token.
-			log.Info("keys reset", "remote", r.RemoteAddr, "domain", req.GetDomain(), "descriptors", describe(res.Descriptors), "keys", len(keys))
-		}
-		if len(wk.items) > 0 {
-			reqs := make([]backend.Request, len(wk.items))
-			for k := range wk.items {
-				reqs[k] = backend.Request{Key: wk.items[k].req.Key, Limit: wk.items[k].req.Limit, Mode: backend.Shadow}
-			}
-			decs := make([]backend.Decision, len(reqs))
-			if _, err := s.backend.Decide(r.Context(), reqs, decs); err != nil {
-				http.Error(w, clientMessage(err), statusOf(err))
-				return
-			}
-			for k := range wk.items {
-				it := &wk.items[k]
-				kd := &res.Descriptors[it.desc]
-				kd.Limits = append(kd.Limits, keyLimit(it.limit, decs[k]))
-			}
+		if err := s.checkKeys(r.Context(), &wk, &res); err != nil {
+			http.Error(w, clientMessage(err), statusOf(err))
+			return
 		}
 		writeJSON(w, http.StatusOK, res)
 	})
+}
+
+// keysMethod admits r's method: GET and HEAD read; POST and DELETE reset (reset true), only with
+// an admin token set (404 without) and given (403 otherwise, warned of). It answers what it
+// refuses and then reports ok false.
+func keysMethod(w http.ResponseWriter, r *http.Request, token []byte, warn *logthrottle.Throttle) (reset, ok bool) {
+	switch r.Method {
+	case http.MethodGet, http.MethodHead:
+		return false, true
+	case http.MethodPost, http.MethodDelete:
+		if len(token) == 0 {
+			http.NotFound(w, r)
+			return false, false
+		}
+		if !authorized(r, token) {
+			warn.Warn("key reset refused", "key reset refused: wrong or missing admin token", "remote", r.RemoteAddr)
+			http.Error(w, "forbidden", http.StatusForbidden)
+			return false, false
+		}
+		return true, true
+	}
+	w.Header().Set("Allow", "GET, HEAD, POST, DELETE")
+	http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+	return false, false
+}
+
+// keysMatched is the result before any decision: each descriptor's entries and the rule it
+// matched, with no limits yet.
+func keysMatched(req *rlsv3.RateLimitRequest, wk *work) KeysResult {
+	res := KeysResult{Domain: req.GetDomain(), Descriptors: make([]KeyDescriptor, len(req.Descriptors))}
+	for i, d := range req.Descriptors {
+		kd := &res.Descriptors[i]
+		for _, e := range d.Entries {
+			kd.Entries = append(kd.Entries, descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		kd.Limits = []KeyLimit{}
+		if ru := wk.descs[i].rule; ru != nil {
+			kd.Rule = ru.Path
+		}
+	}
+	return res
+}
+
+// resetKeys resets the keys of wk's items and logs it; it answers a backend that cannot (501)
+// or fails and then reports false.
+func (s *Service) resetKeys(w http.ResponseWriter, r *http.Request, wk *work, res *KeysResult, log *slog.Logger) bool {
+	rb, ok := s.backend.(backend.Resetter)
+	if !ok {
+		http.Error(w, "this backend cannot reset keys", http.StatusNotImplemented)
+		return false
+	}
+	keys := make([]string, 0, len(wk.items))
+	for k := range wk.items {
+		keys = append(keys, wk.items[k].req.Key)
+	}
+	if err := rb.Reset(r.Context(), keys); err != nil {
+		http.Error(w, clientMessage(err), statusOf(err))
+		return false
+	}
+	res.Reset = len(keys)
+	// An audit record of an operator's write, rare by nature: it names what was reset so that
+	// support can tell, and never the token.
+	log.Info("keys reset", "remote", r.RemoteAddr, "domain", res.Domain, "descriptors", describe(res.Descriptors), "keys", len(keys))
+	return true
+}
+
+// checkKeys decides each of wk's items in shadow mode (a check that charges nothing) and adds
+// each limit's state to its descriptor in res.
+func (s *Service) checkKeys(ctx context.Context, wk *work, res *KeysResult) error {
+	if len(wk.items) == 0 {
+		return nil
+	}
+	reqs := make([]backend.Request, len(wk.items))
+	for k := range wk.items {
+		reqs[k] = backend.Request{Key: wk.items[k].req.Key, Limit: wk.items[k].req.Limit, Mode: backend.Shadow}
+	}
+	decs := make([]backend.Decision, len(reqs))
+	if _, err := s.backend.Decide(ctx, reqs, decs); err != nil {
+		return err
+	}
+	for k := range wk.items {
+		it := &wk.items[k]
+		kd := &res.Descriptors[it.desc]
+		kd.Limits = append(kd.Limits, keyLimit(it.limit, decs[k]))
+	}
+	return nil
 }
 
 // keyLimit reports limit l from a check (cost 0) of its key.

@@ -76,7 +76,7 @@ func (f *usageFixture) ask(t *testing.T, hits uint32, ds ...*ratelimitv3.RateLim
 	return resp
 }
 
-// TestUsageSequence: the sequence through the service: 800 then 5000 tokens reported on
+// TestUsageSequence: usage reported after the fact, through the service: 800 then 5000 tokens on
 // a 1000-a-minute key put it 4800 tokens in debt, and checks are denied for 4.8 minutes, with
 // limit_remaining 0 and duration_until_reset the time until repaid; without overdraft the 5000
 // are denied and not charged.

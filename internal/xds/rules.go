@@ -59,7 +59,9 @@ func notYAMLPrintable(r rune) bool {
 	return (r >= 0x7f && r <= 0x9f) || r == 0xfffe || r == 0xffff
 }
 
-// The rule format, as much of it as RateLimitConfig carries; empty fields are left out.
+// The rule format, as much of it as RateLimitConfig carries; empty fields are left out. Each
+// field is package api's field of the same name, its JSON name api's yaml key
+// (TestRuleFieldsMatchAPI holds them equal).
 type ruleFile struct {
 	Domain      string       `json:"domain"`
 	Descriptors []descriptor `json:"descriptors"`

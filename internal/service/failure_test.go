@@ -7,8 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
@@ -16,13 +14,9 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/rls-project/rls/internal/backend"
-	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/limit"
 )
 
@@ -186,157 +180,6 @@ func TestErrorLogRateLimited(t *testing.T) {
 		l.log(context.Background(), log, errors.New("boom"))
 		if got := buf.String(); (st.want == "") != (got == "") || !strings.Contains(got, st.want) {
 			t.Fatalf("step %d at %v: logged %q, want %q", i, st.at, got, st.want)
-		}
-	}
-}
-
-func TestDetailedMetricCap(t *testing.T) {
-	rs, err := descriptors.Parse(map[string][]byte{"api.yaml": []byte(`
-domain: api
-descriptors:
-  - key: user
-    detailed_metric: true
-    rate_limit: {unit: second, requests_per_unit: 10}
-  - key: path
-    value_to_metric: true
-    rate_limit: {unit: second, requests_per_unit: 10}
-`)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	log, buf := logBuffer()
-	mb, _ := backend.NewMemory(backend.MemoryOptions{})
-	svc, err := New(rs, Options{Backend: mb, Metrics: m, Logger: log, DetailedMetricValues: 3})
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range 50 {
-		for _, key := range []string{"user", "path"} {
-			if _, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api",
-				Descriptors: []*ratelimitv3.RateLimitDescriptor{desc(key, fmt.Sprint("v", i))}}); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	svc.SetRules(rs) // a reload does not lift the cap
-	svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("user", "new")}})
-
-	rules := map[string]float64{} // rule label → hits
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != "rls_hits_total" {
-			continue
-		}
-		for _, s := range mf.GetMetric() {
-			for _, lp := range s.GetLabel() {
-				if lp.GetName() == "rule" {
-					rules[lp.GetValue()] += s.GetCounter().GetValue()
-				}
-			}
-		}
-	}
-	want := map[string]float64{"user=v0": 1, "user=v1": 1, "user=v2": 1, "user/_overflow_": 48,
-		"path=v0": 1, "path=v1": 1, "path=v2": 1, "path/_overflow_": 47}
-	if fmt.Sprint(rules) != fmt.Sprint(want) {
-		t.Fatalf("series by rule: %v\nwant %v", rules, want)
-	}
-	if n := strings.Count(buf.String(), "level=WARN"); n != 2 {
-		t.Fatalf("%d warnings, want one per rule:\n%s", n, buf)
-	}
-	if strings.Contains(buf.String(), "v3") {
-		t.Fatalf("a warning carries a descriptor value:\n%s", buf)
-	}
-}
-
-func TestCostAboveBurst(t *testing.T) {
-	f := newFixture(t, Options{})
-	d := desc("key", "cost")
-	d.HitsAddend = wrapperspb.UInt64(5) // per_key: 3 a minute, burst 3
-	for i := range 2 {
-		r := f.ask(t, d)
-		st := r.Statuses[0]
-		if codesOf(r) != "OVER_LIMIT OVER_LIMIT" || st.DurationUntilReset.AsDuration() != time.Minute {
-			t.Fatalf("request %d, cost 5 above burst 3: %v, want OVER_LIMIT for a full burst's span (1m), never 0s", i+1, r)
-		}
-	}
-	if f := fullSpan(limit.Limit{Rate: 7, Period: time.Second, Burst: 3}); f != time.Second {
-		t.Fatalf("fullSpan rounds up to a second: %v", f)
-	}
-	if f := fullSpan(limit.Limit{Rate: 1, Period: 1 << 62, Burst: 1 << 32}); f != 1<<63-1 {
-		t.Fatalf("fullSpan saturates: %v", f)
-	}
-}
-
-func TestJSONContentType(t *testing.T) {
-	f := newFixture(t, Options{})
-	h := f.svc.JSONHandler()
-	// per_key admits 3 a minute: the refused requests come first and must not spend them.
-	body := `{"domain":"api","descriptors":[{"entries":[{"key":"key","value":"x"}]}]}`
-	tests := []struct {
-		contentType string
-		code        int
-	}{
-		{"", http.StatusUnsupportedMediaType},
-		{"text/plain", http.StatusUnsupportedMediaType},
-		{"application/x-www-form-urlencoded", http.StatusUnsupportedMediaType},
-		{"multipart/form-data; boundary=x", http.StatusUnsupportedMediaType},
-		{"application/json;;", http.StatusUnsupportedMediaType},
-		{"application/json", 200},
-		{"application/json; charset=utf-8", 200},
-		{"Application/JSON", 200},
-	}
-	for _, tc := range tests {
-		t.Run(tc.contentType, func(t *testing.T) {
-			req := httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body))
-			if tc.contentType != "" {
-				req.Header.Set("Content-Type", tc.contentType)
-			}
-			rec := httptest.NewRecorder()
-			h.ServeHTTP(rec, req)
-			if rec.Code != tc.code {
-				t.Fatalf("%d %s, want %d", rec.Code, rec.Body, tc.code)
-			}
-			if tc.code == http.StatusUnsupportedMediaType && !strings.Contains(rec.Body.String(), "Content-Type must be application/json") {
-				t.Fatalf("body %q does not say why", rec.Body)
-			}
-		})
-	}
-}
-
-// counterValue reads a counter.
-func counterValue(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
-}
-
-// TestJSONTooLarge: a body over the bound is answered 413, at once when its Content-Length says
-// so, and when it is found reading (chunked, no length).
-func TestJSONTooLarge(t *testing.T) {
-	f := newFixture(t, Options{})
-	h := f.svc.JSONHandler()
-	big := `{"domain":"api","descriptors":[{"entries":[{"key":"key","value":"` + strings.Repeat("x", DefaultMaxRequestBytes) + `"}]}]}`
-	for _, declared := range []bool{true, false} {
-		req := httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(big))
-		req.Header.Set("Content-Type", "application/json")
-		if !declared {
-			req.ContentLength = -1 // unknown, as with chunked encoding
-		}
-		rec := httptest.NewRecorder()
-		h.ServeHTTP(rec, req)
-		if rec.Code != http.StatusRequestEntityTooLarge || !strings.Contains(rec.Body.String(), "over") {
-			t.Errorf("declared length %v: %d %q, want 413 saying the body is too large", declared, rec.Code, rec.Body)
 		}
 	}
 }

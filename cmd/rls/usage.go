@@ -68,8 +68,7 @@ func runKeys(ctx context.Context, name string, args, env []string, stdout, stder
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline for the call")
 	tokenFile := fs.String("admin-token-file", "", "reset: file holding the admin token (as given to rls serve)")
 	var descs []string
-	fs.Func("descriptor", "a descriptor as key=value[,key=value...]; repeat for several; arguments after the flags count too",
-		func(s string) error { descs = append(descs, s); return nil })
+	fs.Func("descriptor", descriptorUsage, func(s string) error { descs = append(descs, s); return nil })
 	if err := parseFlags(fs, args, env); err != nil {
 		return err
 	}
@@ -78,6 +77,8 @@ func runKeys(ctx context.Context, name string, args, env []string, stdout, stder
 		fmt.Fprintf(stderr, "rls %s: give at least one descriptor, e.g. rls %s --domain ai api_key=k1,model=m\n", name, name)
 		return errUsage
 	}
+	// Checked here with the parser the server reads them with (and rls check reads its own
+	// with), then sent as written.
 	for _, d := range descs {
 		if _, err := service.ParseDescriptor(d); err != nil {
 			fmt.Fprintf(stderr, "rls %s: %v\n", name, err)

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/server"
 	"github.com/rls-project/rls/internal/service"
 )
 
@@ -52,7 +53,7 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	rs, err := loadRules(path, opts)
+	rs, err := server.LoadRules(path, opts)
 	if err != nil {
 		return err
 	}

@@ -2,18 +2,14 @@ package main
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/rls-project/rls/internal/server"
 )
-
-//go:embed default_rules.yaml
-var defaultRules []byte
-
-const defaultRulesName = "embedded:default_rules.yaml"
 
 var (
 	errOverLimit = errors.New("over limit")
@@ -45,7 +41,10 @@ func run(ctx context.Context, args []string, env []string, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
-	return serve(ctx, cfg, stderr)
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return server.Serve(ctx, cfg, stderr)
 }
 
 // envName is the environment variable that sets flag name: --grpc-addr is RLS_GRPC_ADDR.

@@ -3,22 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 )
 
 func TestRunUsageErrors(t *testing.T) {
@@ -109,105 +100,8 @@ type syncWriter struct{ w io.Writer }
 
 func (s *syncWriter) Write(p []byte) (int, error) { return s.w.Write(p) }
 
-// panicky is a RateLimitService whose handler panics.
-type panicky struct {
-	rlsv3.UnimplementedRateLimitServiceServer
-}
-
-func (panicky) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	var m map[string]int
-	m["boom"]++ // a nil map write: a runtime panic
-	return nil, nil
-}
-
-// TestPanicAnswersInternal checks that the server's interceptors turn a handler's panic into
-// INTERNAL, for unary and streaming calls, and that the server survives it.
-func TestPanicAnswersInternal(t *testing.T) {
-	tests := []struct {
-		name     string
-		register func(*grpc.Server)
-		call     func(context.Context, *grpc.ClientConn) error
-	}{
-		{"unary", func(gs *grpc.Server) { rlsv3.RegisterRateLimitServiceServer(gs, panicky{}) },
-			func(ctx context.Context, conn *grpc.ClientConn) error {
-				_, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d"})
-				return err
-			}},
-		{"stream", func(gs *grpc.Server) { rlqspb.RegisterRateLimitQuotaServiceServer(gs, panickyQuota{}) },
-			func(ctx context.Context, conn *grpc.ClientConn) error {
-				s, err := rlqspb.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
-				if err == nil {
-					_, err = s.Recv()
-				}
-				return err
-			}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := parseServeFlags(nil, nil, io.Discard)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gs, err := newGRPCServer(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tc.register(gs)
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			go gs.Serve(l)
-			defer gs.Stop()
-			conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			for i := range 2 { // the server survives the first panic
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				err := tc.call(ctx, conn)
-				cancel()
-				if status.Code(err) != codes.Internal {
-					t.Fatalf("call %d: got %v, want Internal", i+1, err)
-				}
-			}
-		})
-	}
-}
-
 func TestEnvName(t *testing.T) {
 	if got := envName("grpc-max-connection-age"); got != "RLS_GRPC_MAX_CONNECTION_AGE" {
 		t.Fatal(got)
-	}
-}
-
-func TestTracingErrorsThrottled(t *testing.T) {
-	var buf bytes.Buffer
-	h := throttledErrors(slog.New(slog.NewTextHandler(&syncWriter{w: &buf}, nil)), time.Hour)
-	for range 100 {
-		h(errors.New("connection refused"))
-	}
-	if n := strings.Count(buf.String(), "tracing: export failed"); n != 1 {
-		t.Fatalf("100 export errors logged %d times within the interval, want 1:\n%s", n, buf.String())
-	}
-}
-
-func TestTracingEnabled(t *testing.T) {
-	tests := []struct {
-		env  []string
-		want bool
-	}{
-		{nil, false},
-		{[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318"}, true},
-		{[]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://collector:4318/v1/traces"}, true},
-		{[]string{"OTEL_TRACES_EXPORTER=otlp"}, true},
-		{[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318", "OTEL_TRACES_EXPORTER=none"}, false},
-		{[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318", "OTEL_SDK_DISABLED=true"}, false},
-	}
-	for _, tc := range tests {
-		if got := tracingEnabled(envMap(tc.env)); got != tc.want {
-			t.Errorf("tracingEnabled(%v) = %v, want %v", tc.env, got, tc.want)
-		}
 	}
 }

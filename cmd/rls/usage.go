@@ -7,55 +7,19 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/rls-project/rls/internal/logthrottle"
 	"github.com/rls-project/rls/internal/service"
 )
 
-// usageConfig holds the flags of the key endpoints (/v1/keys on --http-addr).
-type usageConfig struct {
-	adminTokenFile string
-	token          []byte // read from adminTokenFile by load
-}
-
-// usageFlags registers the key endpoints' flags on fs.
-func usageFlags(fs *flag.FlagSet) *usageConfig {
-	uc := &usageConfig{}
-	fs.StringVar(&uc.adminTokenFile, "admin-token-file", "",
+// adminTokenFlag registers the key endpoints' flag (/v1/keys on --http-addr) on fs.
+func adminTokenFlag(fs *flag.FlagSet, file *string) {
+	fs.StringVar(file, "admin-token-file", *file,
 		"file holding the bearer token that may reset keys (POST/DELETE /v1/keys on --http-addr); empty: resetting is off (404)")
-	return uc
-}
-
-// load reads the admin token, when a file is given: one line, surrounding white space dropped.
-func (uc *usageConfig) load() error {
-	if uc == nil || uc.adminTokenFile == "" {
-		return nil
-	}
-	b, err := os.ReadFile(uc.adminTokenFile)
-	if err != nil {
-		return fmt.Errorf("--admin-token-file: %w", err)
-	}
-	uc.token = bytes.TrimSpace(b)
-	if len(uc.token) < 16 {
-		return fmt.Errorf("--admin-token-file %s: the token must be at least 16 bytes", uc.adminTokenFile)
-	}
-	return nil
-}
-
-// mount adds /v1/keys to mux and returns it.
-func (uc *usageConfig) mount(mux *http.ServeMux, svc *service.Service, log *slog.Logger, warn *logthrottle.Throttle) *http.ServeMux {
-	var token []byte
-	if uc != nil {
-		token = uc.token
-	}
-	mux.Handle("/v1/keys", svc.KeysHandler(service.KeysOptions{AdminToken: token, Logger: log, Warnings: warn}))
-	return mux
 }
 
 // runKeys is `rls inspect` (reset false) and `rls reset`: it calls /v1/keys on a running rls

@@ -53,7 +53,8 @@ func envName(name string) string {
 }
 
 // parseFlags parses args into fs; a flag not given on the command line takes its RLS_* variable
-// from env when set. -h prints usage (without testing-only flags) and returns errUsage.
+// from env when set. -h prints usage (without testing-only flags) and returns errUsage; so
+// does a value the flag does not take, from args or env.
 func parseFlags(fs *flag.FlagSet, args, env []string) error {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of rls %s:\n", fs.Name())
@@ -91,5 +92,8 @@ func parseFlags(fs *flag.FlagSet, args, env []string) error {
 			}
 		}
 	})
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", errUsage, errors.Join(errs...))
+	}
+	return nil
 }

@@ -22,6 +22,16 @@ import (
 	"github.com/rls-project/rls/internal/service"
 )
 
+// Serve runs one server built from c, logging to stderr, until ctx ends (SIGTERM, SIGINT) or a
+// listener fails, then shuts it down: New, Run, Shutdown.
+func Serve(ctx context.Context, c Config, stderr io.Writer) error {
+	s, err := New(ctx, c, stderr)
+	if err != nil {
+		return err
+	}
+	return s.Shutdown(s.Run(ctx))
+}
+
 // New builds a server from c, logging to stderr, in the steps below, each named for what it
 // builds. c must pass Validate (New returns its error otherwise). On error, what New had
 // opened is closed.

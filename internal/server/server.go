@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,16 +18,6 @@ import (
 	"github.com/rls-project/rls/internal/service"
 	"github.com/rls-project/rls/internal/xds"
 )
-
-// Serve runs one server built from c, logging to stderr, until ctx ends (SIGTERM, SIGINT) or a
-// listener fails, then shuts it down: New, Run, Shutdown.
-func Serve(ctx context.Context, c Config, stderr io.Writer) error {
-	s, err := New(ctx, c, stderr)
-	if err != nil {
-		return err
-	}
-	return s.Shutdown(s.Run(ctx))
-}
 
 // Server is one rls instance. New builds it whole (rules loaded, backend connected, listeners
 // bound) without answering anything yet; Run serves; Shutdown stops it in the order load

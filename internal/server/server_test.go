@@ -35,17 +35,9 @@ func testConfig() Config {
 	return c
 }
 
-// syncWriter serializes writes to w.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
+type syncWriter struct{ w io.Writer }
 
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
-}
+func (s *syncWriter) Write(p []byte) (int, error) { return s.w.Write(p) }
 
 func httpGet(t *testing.T, url string) (int, string) {
 	t.Helper()

@@ -19,6 +19,27 @@ func parseServeFlags(args, env []string, stderr io.Writer) (server.Config, error
 	ratelimitEnv := true
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
+	serveFlags(fs, &c, &ratelimitEnv)
+	if err := parseFlags(fs, args, env); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	}
+	c.Env = env
+	if ratelimitEnv {
+		// What envoyproxy/ratelimit's environment gives that rls cannot take stops rls as a
+		// rule file that does not load does (exit 1): a REDIS_URL is read as --redis-url is.
+		if err := readRatelimitEnv(fs, env, &c.RatelimitEnv); err != nil {
+			return c, err
+		}
+	}
+	return c, nil
+}
+
+// serveFlags registers every serve flag on fs, each setting its field of c, its default the
+// value the field holds (server.DefaultConfig's).
+func serveFlags(fs *flag.FlagSet, c *server.Config, ratelimitEnv *bool) {
 	fs.StringVar(&c.Rules.Path, "config", c.Rules.Path, "rule file or directory of *.yaml/*.yml rule files (default: the embedded example rules)")
 	fs.StringVar(&c.GRPC.Addr, "grpc-addr", c.GRPC.Addr, "gRPC listen address (RateLimitService, health, reflection)")
 	fs.StringVar(&c.HTTP.Addr, "http-addr", c.HTTP.Addr, "HTTP listen address (/healthz, /readyz, /metrics, POST /json); keep it off the public network")
@@ -60,7 +81,7 @@ func parseServeFlags(args, env []string, stderr io.Writer) (server.Config, error
 	fs.StringVar(&c.HeaderNames.Limit, "response-header-limit", c.HeaderNames.Limit, "--response-headers legacy: name of the limit header")
 	fs.StringVar(&c.HeaderNames.Remaining, "response-header-remaining", c.HeaderNames.Remaining, "--response-headers legacy: name of the remaining header")
 	fs.StringVar(&c.HeaderNames.Reset, "response-header-reset", c.HeaderNames.Reset, "--response-headers legacy: name of the reset header")
-	fs.BoolVar(&ratelimitEnv, "ratelimit-env", ratelimitEnv, "read envoyproxy/ratelimit's environment variables (REDIS_URL, RUNTIME_ROOT, CONFIG_TYPE...) when they are set; flags and RLS_* variables win over them")
+	fs.BoolVar(ratelimitEnv, "ratelimit-env", *ratelimitEnv, "read envoyproxy/ratelimit's environment variables (REDIS_URL, RUNTIME_ROOT, CONFIG_TYPE...) when they are set; flags and RLS_* variables win over them")
 	grpcConnFlags(fs, &c.GRPC)
 	redisFlags(fs, &c.Redis)
 	reloadFlags(fs, &c.Reload)
@@ -69,21 +90,6 @@ func parseServeFlags(args, env []string, stderr io.Writer) (server.Config, error
 	rlqsFlags(fs, &c.RLQS)
 	boundsFlags(fs, &c.Bounds)
 	policyFlags(fs, &c.CallerPolicy)
-	if err := parseFlags(fs, args, env); err != nil {
-		return c, err
-	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
-	}
-	c.Env = env
-	if ratelimitEnv {
-		// What envoyproxy/ratelimit's environment gives that rls cannot take stops rls as a
-		// rule file that does not load does (exit 1): a REDIS_URL is read as --redis-url is.
-		if err := readRatelimitEnv(fs, env, &c.RatelimitEnv); err != nil {
-			return c, err
-		}
-	}
-	return c, nil
 }
 
 // readRatelimitEnv applies envoyproxy/ratelimit's environment, when env holds it, to the flags

@@ -70,21 +70,9 @@ func runKeys(ctx context.Context, name string, args, env []string, stdout, stder
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(base, "/")+"/v1/keys?"+q.Encode(), nil)
-	if err != nil {
-		return err
-	}
-	if token != nil {
-		req.Header.Set("Authorization", "Bearer "+string(token))
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, body, err := callKeys(ctx, method, strings.TrimSuffix(base, "/")+"/v1/keys?"+q.Encode(), token)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, *addr, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return err
 	}
 	if resp.StatusCode != http.StatusOK {
 		msg := strings.TrimSpace(string(body))
@@ -95,4 +83,23 @@ func runKeys(ctx context.Context, name string, args, env []string, stdout, stder
 	}
 	_, err = stdout.Write(body)
 	return err
+}
+
+// callKeys sends one /v1/keys request, with token as the bearer token when not nil, and returns
+// the answer and its body (at most 1 MiB read).
+func callKeys(ctx context.Context, method, url string, token []byte) (*http.Response, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	if token != nil {
+		req.Header.Set("Authorization", "Bearer "+string(token))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp, body, err
 }

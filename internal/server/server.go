@@ -1,3 +1,8 @@
+// Package server is one rls server: its configuration (Config, with every default and every
+// rule about values), its listeners (gRPC, HTTP, debug, metrics), the wiring of the backend,
+// the decision service, RLQS, xDS, file reloads, the caller policy, metrics and readiness, and
+// its lifecycle: New builds it, Run serves, Shutdown drains and stops it. cmd/rls parses flags
+// and environment into a Config; nothing here reads flags or exits.
 package server
 
 import (

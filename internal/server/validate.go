@@ -11,8 +11,9 @@ import (
 	"github.com/rls-project/rls/internal/service"
 )
 
-// Validate checks every value of c and every combination of them, and returns one error per
-// value wrong, joined; nil when New may be called. What it leaves to New needs the outside
+// Validate checks every value of c and every combination of them: it returns the errors of
+// every group of rules below, joined (each group names at least its first value wrong), or nil
+// when New may be called. What it leaves to New needs the outside
 // world: files that must be read (rules, certificates, the caller policy, the admin token), a
 // Redis URL that must name addresses that can be dialed, and ports that must be free.
 func (c Config) Validate() error {

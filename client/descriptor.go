@@ -38,7 +38,9 @@ func (d Descriptor) With(key, value string) Descriptor {
 	return append(out, Entry{Key: key, Value: value})
 }
 
-// String renders d as key=value pairs joined by commas, as rls check takes them.
+// String renders d as key=value pairs joined by commas, for messages (a QuotaFailure's subject).
+// Keys and values are written as they are: rls check reads a ',', '=' or '%' in one only
+// percent-encoded (%2C, %3D, %25).
 func (d Descriptor) String() string {
 	var b strings.Builder
 	for i, e := range d {

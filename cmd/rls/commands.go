@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"math"
-	"strings"
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -16,6 +15,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/server"
+	"github.com/rls-project/rls/internal/service"
 )
 
 // runValidate loads rule files and reports every problem. The path comes as an argument or as
@@ -52,7 +53,7 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	rs, err := loadRules(path, opts)
+	rs, err := server.LoadRules(path, opts)
 	if err != nil {
 		return err
 	}
@@ -63,23 +64,23 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	return nil
 }
 
-// descriptorFlag collects --descriptor key=value,key2=value2 flags.
+// descriptorFlag collects --descriptor flags, each read by service.ParseDescriptor, as rls
+// inspect and rls reset read theirs.
 type descriptorFlag []*ratelimitv3.RateLimitDescriptor
 
 func (d *descriptorFlag) String() string { return "" }
 
 func (d *descriptorFlag) Set(s string) error {
-	desc := &ratelimitv3.RateLimitDescriptor{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || k == "" {
-			return fmt.Errorf("%q: want key=value[,key=value...]", kv)
-		}
-		desc.Entries = append(desc.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: k, Value: v})
+	desc, err := service.ParseDescriptor(s)
+	if err != nil {
+		return err
 	}
 	*d = append(*d, desc)
 	return nil
 }
+
+// descriptorUsage is the help of the commands' --descriptor flag.
+const descriptorUsage = "a descriptor as " + service.DescriptorFormat + "; repeat for several; arguments after the flags count too"
 
 // runCheck sends one ShouldRateLimit request and prints the response as JSON. It returns
 // errOverLimit (exit status 2) when the answer is OVER_LIMIT.
@@ -91,7 +92,7 @@ func runCheck(ctx context.Context, args, env []string, stdout, stderr io.Writer)
 	hits := fs.Uint("hits", 0, "hits_addend (0 means 1)")
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline for the call")
 	var descs descriptorFlag
-	fs.Var(&descs, "descriptor", "a descriptor as key=value[,key=value...]; repeat for several; arguments after the flags count too")
+	fs.Var(&descs, "descriptor", descriptorUsage)
 	if err := parseFlags(fs, args, env); err != nil {
 		return err
 	}

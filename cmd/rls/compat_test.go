@@ -1,16 +1,12 @@
 package main
 
 import (
-	"context"
-	"crypto/x509"
 	"io"
 	"log/slog"
-	"net"
-	"net/http/httptest"
-	"net/url"
 	"strings"
 	"testing"
-	"time"
+
+	"github.com/rls-project/rls/internal/server"
 )
 
 // TestRatelimitEnvPrecedence: rls's flags win over its RLS_* variables, which win over
@@ -22,34 +18,34 @@ func TestRatelimitEnvPrecedence(t *testing.T) {
 		name string
 		args []string
 		env  []string
-		want func(c serveConfig) string // "" when as wanted
+		want func(c server.Config) string // "" when as wanted
 	}{
-		{"the environment applies", nil, nil, func(c serveConfig) string {
-			if c.backend != "redis" || c.redis.url != "redis://r1:6379" || c.nearLimitRatio != 0.5 || c.grpcAddr != "0.0.0.0:9000" || !c.shadowMode {
+		{"the environment applies", nil, nil, func(c server.Config) string {
+			if c.Backend != "redis" || c.Redis.URL != "redis://r1:6379" || c.NearLimitRatio != 0.5 || c.GRPC.Addr != "0.0.0.0:9000" || !c.ShadowMode {
 				return "not applied"
 			}
 			return ""
 		}},
-		{"RLS_* wins", nil, []string{"RLS_REDIS_URL=redis://r2:6379", "RLS_SHADOW_MODE=false"}, func(c serveConfig) string {
-			if c.redis.url != "redis://r2:6379" || c.shadowMode || c.backend != "redis" {
+		{"RLS_* wins", nil, []string{"RLS_REDIS_URL=redis://r2:6379", "RLS_SHADOW_MODE=false"}, func(c server.Config) string {
+			if c.Redis.URL != "redis://r2:6379" || c.ShadowMode || c.Backend != "redis" {
 				return "RLS_* lost"
 			}
 			return ""
 		}},
-		{"a flag wins", []string{"--near-limit-ratio", "0.9", "--backend", "memory"}, []string{"RLS_NEAR_LIMIT_RATIO=0.7"}, func(c serveConfig) string {
-			if c.nearLimitRatio != 0.9 || c.backend != "memory" || c.redis.url != "redis://r1:6379" {
+		{"a flag wins", []string{"--near-limit-ratio", "0.9", "--backend", "memory"}, []string{"RLS_NEAR_LIMIT_RATIO=0.7"}, func(c server.Config) string {
+			if c.NearLimitRatio != 0.9 || c.Backend != "memory" || c.Redis.URL != "redis://r1:6379" {
 				return "the flag lost"
 			}
 			return ""
 		}},
-		{"--ratelimit-env=false", []string{"--ratelimit-env=false"}, nil, func(c serveConfig) string {
-			if c.backend != "memory" || c.nearLimitRatio != 0.8 || c.shadowMode || len(c.compat.Present) != 0 {
+		{"--ratelimit-env=false", []string{"--ratelimit-env=false"}, nil, func(c server.Config) string {
+			if c.Backend != "memory" || c.NearLimitRatio != 0.8 || c.ShadowMode || len(c.RatelimitEnv.Result.Present) != 0 {
 				return "the environment was read"
 			}
 			return ""
 		}},
-		{"RLS_RATELIMIT_ENV=false", nil, []string{"RLS_RATELIMIT_ENV=false"}, func(c serveConfig) string {
-			if c.backend != "memory" {
+		{"RLS_RATELIMIT_ENV=false", nil, []string{"RLS_RATELIMIT_ENV=false"}, func(c server.Config) string {
+			if c.Backend != "memory" {
 				return "the environment was read"
 			}
 			return ""
@@ -61,7 +57,7 @@ func TestRatelimitEnvPrecedence(t *testing.T) {
 				t.Fatal(err)
 			}
 			if why := tc.want(c); why != "" {
-				t.Errorf("%s: backend %s, url %s, ratio %v, grpc %s, shadow %v", why, c.backend, c.redis.url, c.nearLimitRatio, c.grpcAddr, c.shadowMode)
+				t.Errorf("%s: backend %s, url %s, ratio %v, grpc %s, shadow %v", why, c.Backend, c.Redis.URL, c.NearLimitRatio, c.GRPC.Addr, c.ShadowMode)
 			}
 		})
 	}
@@ -76,65 +72,10 @@ func TestRatelimitEnvPrecedence(t *testing.T) {
 		t.Fatal(err)
 	}
 	var log strings.Builder
-	c.logRatelimitEnv(slog.New(slog.NewTextHandler(&log, nil)))
+	c.RatelimitEnv.Log(slog.New(slog.NewTextHandler(&log, nil)))
 	for _, want := range []string{"envoyproxy/ratelimit environment found", "flag=--near-limit-ratio", "overridden by rls's own\" flag=--backend", "variable=USE_STATSD"} {
 		if !strings.Contains(log.String(), want) {
 			t.Errorf("log lacks %q:\n%s", want, log.String())
-		}
-	}
-}
-
-// TestMetricsAddrAndHealthcheck: --metrics-addr serves the metrics at --metrics-path, and
-// /healthcheck says what /readyz says, as envoyproxy/ratelimit's probe expects it.
-func TestMetricsAddrAndHealthcheck(t *testing.T) {
-	c := testConfig(t, "--metrics-addr", "127.0.0.1:0", "--metrics-path", "/stats/prometheus")
-	s, err := newServer(context.Background(), c, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := httptest.NewRecorder()
-	s.ready.healthcheck(rec, httptest.NewRequest("GET", "/healthcheck", nil))
-	if rec.Code != 500 || !strings.Contains(rec.Body.String(), "starting") {
-		t.Errorf("/healthcheck before start: %d %q, want 500 starting", rec.Code, rec.Body.String())
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- s.shutdown(s.run(ctx)) }()
-	defer func() { cancel(); <-done }()
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		code, body := httpGet(t, "http://"+s.httpL.Addr().String()+"/healthcheck")
-		if code == 200 && body == "OK" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("/healthcheck: %d %q", code, body)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-	if code, body := httpGet(t, "http://"+s.metricsL.Addr().String()+"/stats/prometheus"); code != 200 || !strings.Contains(body, "rls_config_generation") {
-		t.Errorf("metrics listener: %d, %d bytes", code, len(body))
-	}
-	if code, _ := httpGet(t, "http://"+s.metricsL.Addr().String()+"/json"); code != 404 {
-		t.Errorf("metrics listener serves /json: %d", code)
-	}
-}
-
-// TestClientSAN: --grpc-tls-client-san needs client certificates, and accepts one that names
-// it among its DNS names, URIs, e-mail addresses or IPs.
-func TestClientSAN(t *testing.T) {
-	if _, err := grpcCredentials(testConfig(t, "--grpc-tls-client-san", "x")); err == nil {
-		t.Error("--grpc-tls-client-san without --grpc-tls-client-ca: no error")
-	}
-	u, _ := url.Parse("spiffe://cluster.local/ns/gw/sa/envoy")
-	cert := &x509.Certificate{DNSNames: []string{"envoy.gw.svc"}, URIs: []*url.URL{u},
-		EmailAddresses: []string{"ops@example.com"}, IPAddresses: []net.IP{net.ParseIP("10.0.0.7")}}
-	for san, want := range map[string]bool{
-		"envoy.gw.svc": true, "spiffe://cluster.local/ns/gw/sa/envoy": true, "ops@example.com": true, "10.0.0.7": true,
-		"other.gw.svc": false, "envoy": false, "10.0.0.8": false, "": false,
-	} {
-		if got := hasSAN(cert, san); got != want {
-			t.Errorf("hasSAN(%q) = %v, want %v", san, got, want)
 		}
 	}
 }

@@ -2,161 +2,20 @@ package main
 
 import (
 	"flag"
-	"fmt"
-	"io"
-	"net/http"
-	"net/http/pprof"
-	"os"
-	"strings"
-	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-
-	"github.com/rls-project/rls/internal/ratelimitenv"
-	"github.com/rls-project/rls/internal/rlqs"
-	"github.com/rls-project/rls/internal/service"
-)
-
-// httpLimits bound what one HTTP connection may hold: a client that sends slowly, reads
-// slowly or sits idle is cut off instead of keeping its file descriptor (and a goroutine)
-// for ever, which with enough of them would starve new gRPC connections.
-type httpLimits struct {
-	readHeaderTimeout time.Duration
-	readTimeout       time.Duration
-	writeTimeout      time.Duration
-	idleTimeout       time.Duration
-	maxHeaderBytes    int
-}
-
-// The defaults leave room for every request rls serves: headers of a few hundred bytes, bodies
-// (POST /json) of a few kilobytes, and /metrics, the largest answer, written within seconds.
-const (
-	defaultHTTPReadHeaderTimeout = 5 * time.Second
-	defaultHTTPReadTimeout       = 10 * time.Second
-	defaultHTTPWriteTimeout      = 30 * time.Second
-	defaultHTTPIdleTimeout       = 60 * time.Second
-	defaultHTTPMaxHeaderBytes    = 64 << 10
+	"github.com/rls-project/rls/internal/server"
 )
 
 // httpFlags registers the HTTP limits' flags on fs.
-func httpFlags(fs *flag.FlagSet, l *httpLimits) {
-	fs.DurationVar(&l.readHeaderTimeout, "http-read-header-timeout", defaultHTTPReadHeaderTimeout,
+func httpFlags(fs *flag.FlagSet, l *server.HTTPLimits) {
+	fs.DurationVar(&l.ReadHeaderTimeout, "http-read-header-timeout", l.ReadHeaderTimeout,
 		"HTTP: longest a client may take to send a request's headers")
-	fs.DurationVar(&l.readTimeout, "http-read-timeout", defaultHTTPReadTimeout,
+	fs.DurationVar(&l.ReadTimeout, "http-read-timeout", l.ReadTimeout,
 		"HTTP: longest a client may take to send a whole request, body included")
-	fs.DurationVar(&l.writeTimeout, "http-write-timeout", defaultHTTPWriteTimeout,
+	fs.DurationVar(&l.WriteTimeout, "http-write-timeout", l.WriteTimeout,
 		"HTTP: longest from the end of a request's headers to the end of its answer (a client that reads slowly is cut off)")
-	fs.DurationVar(&l.idleTimeout, "http-idle-timeout", defaultHTTPIdleTimeout,
+	fs.DurationVar(&l.IdleTimeout, "http-idle-timeout", l.IdleTimeout,
 		"HTTP: a keep-alive connection with no request for this long is closed")
-	fs.IntVar(&l.maxHeaderBytes, "http-max-header-bytes", defaultHTTPMaxHeaderBytes,
+	fs.IntVar(&l.MaxHeaderBytes, "http-max-header-bytes", l.MaxHeaderBytes,
 		"HTTP: largest request line and headers accepted (larger: 431)")
 }
-
-func (l httpLimits) validate() error {
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"--http-read-header-timeout", l.readHeaderTimeout},
-		{"--http-read-timeout", l.readTimeout},
-		{"--http-write-timeout", l.writeTimeout},
-		{"--http-idle-timeout", l.idleTimeout},
-	} {
-		if d.v <= 0 {
-			return fmt.Errorf("%s %v: must be > 0", d.name, d.v)
-		}
-	}
-	if l.maxHeaderBytes <= 0 {
-		return fmt.Errorf("--http-max-header-bytes %d: must be > 0", l.maxHeaderBytes)
-	}
-	return nil
-}
-
-// server returns an http.Server for h under these limits.
-func (l httpLimits) server(h http.Handler) *http.Server {
-	return &http.Server{
-		Handler:           h,
-		ReadHeaderTimeout: l.readHeaderTimeout,
-		ReadTimeout:       l.readTimeout,
-		WriteTimeout:      l.writeTimeout,
-		IdleTimeout:       l.idleTimeout,
-		MaxHeaderBytes:    l.maxHeaderBytes,
-	}
-}
-
-// mainMux is the HTTP listener's (--http-addr): probes, metrics, POST /json and /v1/keys (a
-// descriptor's state; its reset only with --admin-token-file). It shows no rules.
-func mainMux(svc *service.Service, ready *readiness, reg *prometheus.Registry) *http.ServeMux {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
-	mux.Handle("GET /readyz", ready)
-	mux.HandleFunc("GET /healthcheck", ready.healthcheck) // envoyproxy/ratelimit's readiness path
-	mux.Handle("/json", svc.JSONHandler())
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
-	return mux
-}
-
-// debugMux is the debug listener's (--debug-addr): the rules in force, any key's state, and
-// with --debug Go's profiler.
-func debugMux(svc *service.Service, quotas *rlqs.Server, pprofOn bool) *http.ServeMux {
-	mux := http.NewServeMux()
-	mountRLQS(mux, quotas)
-	mux.Handle("GET /debug/rules", svc.RulesHandler())
-	mux.Handle("GET /rlconfig", svc.RLConfigHandler()) // envoyproxy/ratelimit's rule dump
-	mux.Handle("/debug/explain", svc.ExplainHandler())
-	if pprofOn {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
-	return mux
-}
-
-// debugServer is the debug listener's server: the main listener's limits except the write
-// timeout, since a CPU profile or an execution trace takes as long as it is asked to
-// (/debug/pprof/profile?seconds=30). It is on loopback unless told otherwise.
-func (l httpLimits) debugServer(h http.Handler) *http.Server {
-	s := l.server(h)
-	s.WriteTimeout = 0
-	return s
-}
-
-// cmdline serves /debug/pprof/cmdline as net/http/pprof does (the arguments, NUL-separated), but
-// with the values of flags that may hold secrets hidden as rls's logs hide them: the password
-// of --redis-url, the values of --xds-header.
-func cmdline(w http.ResponseWriter, _ *http.Request) {
-	w.Header().Set("X-Content-Type-Options", "nosniff")
-	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
-	io.WriteString(w, strings.Join(redactArgs(os.Args), "\x00"))
-}
-
-// redactArgs returns args with the values of secret-bearing flags hidden, in either form
-// (--flag value, --flag=value, with one dash or two).
-func redactArgs(args []string) []string {
-	out := make([]string, len(args))
-	hideNext := ""
-	for i, a := range args {
-		if hideNext != "" {
-			out[i] = ratelimitenv.Setting{Flag: hideNext, Value: a}.Display()
-			hideNext = ""
-			continue
-		}
-		out[i] = a
-		name, value, hasValue := strings.Cut(strings.TrimLeft(a, "-"), "=")
-		if !strings.HasPrefix(a, "-") || !secretFlags[name] {
-			continue
-		}
-		if hasValue {
-			out[i] = a[:len(a)-len(value)] + ratelimitenv.Setting{Flag: name, Value: value}.Display()
-		} else {
-			hideNext = name
-		}
-	}
-	return out
-}
-
-// secretFlags are the flags whose values may hold a secret.
-var secretFlags = map[string]bool{"redis-url": true, "xds-header": true}

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -22,20 +23,27 @@ import (
 func main() {
 	goredis.SetLogger(quietRedisLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	code := exitCode(run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr), os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// exitCode is the exit status for run's error, which it prints to stderr unless it was printed
+// already: 0 for none, 2 for OVER_LIMIT, 64 for a usage error, 1 for any other.
+func exitCode(err error, stderr io.Writer) int {
 	switch {
 	case err == nil:
+		return 0
 	case errors.Is(err, errOverLimit):
-		os.Exit(2)
+		return 2
 	case errors.Is(err, errUsage):
 		// A bare errUsage was explained where it arose; one wrapped with a reason is not yet.
 		if err != errUsage {
-			fmt.Fprintln(os.Stderr, "rls:", err)
+			fmt.Fprintln(stderr, "rls:", err)
 		}
-		os.Exit(64)
+		return 64
 	default:
-		fmt.Fprintln(os.Stderr, "rls:", err)
-		os.Exit(1)
+		fmt.Fprintln(stderr, "rls:", err)
+		return 1
 	}
 }

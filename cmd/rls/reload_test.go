@@ -1,12 +1,8 @@
 package main
 
 import (
-	"context"
-	"flag"
 	"io"
-	"log/slog"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 )
@@ -27,46 +23,20 @@ func TestReloadFlags(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-			fs.SetOutput(io.Discard)
-			rc := reloadFlags(fs)
-			if err := parseFlags(fs, tc.args, tc.env); err != nil {
+			c, err := parseServeFlags(tc.args, tc.env, io.Discard)
+			if err != nil {
 				t.Fatal(err)
 			}
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			err := startReload(ctx, rc, "", func() error { return nil }, slog.New(slog.NewTextHandler(io.Discard, nil)))
+			err = c.Validate()
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("err %v, want %q", err, tc.wantErr)
 				}
 				return
 			}
-			if err != nil || rc.debounce != tc.want {
-				t.Fatalf("debounce %v, err %v; want %v", rc.debounce, err, tc.want)
+			if err != nil || c.Reload.Debounce != tc.want {
+				t.Fatalf("debounce %v, err %v; want %v", c.Reload.Debounce, err, tc.want)
 			}
 		})
-	}
-}
-
-// TestSIGHUPReloadsEmbeddedRules signals this process: startReload's handler receives SIGHUP
-// instead of the default action, which would end the test binary.
-func TestSIGHUPReloadsEmbeddedRules(t *testing.T) {
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	applied := make(chan struct{}, 10)
-	apply := func() error { applied <- struct{}{}; return nil }
-	if err := startReload(ctx, &reloadConfig{debounce: time.Hour}, "", apply, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		t.Fatal(err)
-	}
-	for i := range 2 {
-		if err := syscall.Kill(syscall.Getpid(), syscall.SIGHUP); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-applied:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("SIGHUP %d: no reload", i+1)
-		}
 	}
 }

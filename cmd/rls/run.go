@@ -2,18 +2,14 @@ package main
 
 import (
 	"context"
-	_ "embed"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/rls-project/rls/internal/server"
 )
-
-//go:embed default_rules.yaml
-var defaultRules []byte
-
-const defaultRulesName = "embedded:default_rules.yaml"
 
 var (
 	errOverLimit = errors.New("over limit")
@@ -45,7 +41,10 @@ func run(ctx context.Context, args []string, env []string, stdout, stderr io.Wri
 	if err != nil {
 		return err
 	}
-	return serve(ctx, cfg, stderr)
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return server.Serve(ctx, cfg, stderr)
 }
 
 // envName is the environment variable that sets flag name: --grpc-addr is RLS_GRPC_ADDR.
@@ -54,7 +53,8 @@ func envName(name string) string {
 }
 
 // parseFlags parses args into fs; a flag not given on the command line takes its RLS_* variable
-// from env when set. -h prints usage (without testing-only flags) and returns errUsage.
+// from env when set. -h prints usage (without testing-only flags) and returns errUsage; so
+// does a value the flag does not take, from args or env.
 func parseFlags(fs *flag.FlagSet, args, env []string) error {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage of rls %s:\n", fs.Name())
@@ -92,5 +92,8 @@ func parseFlags(fs *flag.FlagSet, args, env []string) error {
 			}
 		}
 	})
-	return errors.Join(errs...)
+	if len(errs) > 0 {
+		return fmt.Errorf("%w: %w", errUsage, errors.Join(errs...))
+	}
+	return nil
 }

@@ -3,22 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"io"
-	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
-
-	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 )
 
 func TestRunUsageErrors(t *testing.T) {
@@ -109,105 +100,85 @@ type syncWriter struct{ w io.Writer }
 
 func (s *syncWriter) Write(p []byte) (int, error) { return s.w.Write(p) }
 
-// panicky is a RateLimitService whose handler panics.
-type panicky struct {
-	rlsv3.UnimplementedRateLimitServiceServer
-}
-
-func (panicky) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
-	var m map[string]int
-	m["boom"]++ // a nil map write: a runtime panic
-	return nil, nil
-}
-
-// TestPanicAnswersInternal checks that the server's interceptors turn a handler's panic into
-// INTERNAL, for unary and streaming calls, and that the server survives it.
-func TestPanicAnswersInternal(t *testing.T) {
-	tests := []struct {
-		name     string
-		register func(*grpc.Server)
-		call     func(context.Context, *grpc.ClientConn) error
-	}{
-		{"unary", func(gs *grpc.Server) { rlsv3.RegisterRateLimitServiceServer(gs, panicky{}) },
-			func(ctx context.Context, conn *grpc.ClientConn) error {
-				_, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "d"})
-				return err
-			}},
-		{"stream", func(gs *grpc.Server) { rlqspb.RegisterRateLimitQuotaServiceServer(gs, panickyQuota{}) },
-			func(ctx context.Context, conn *grpc.ClientConn) error {
-				s, err := rlqspb.NewRateLimitQuotaServiceClient(conn).StreamRateLimitQuotas(ctx)
-				if err == nil {
-					_, err = s.Recv()
-				}
-				return err
-			}},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg, err := parseServeFlags(nil, nil, io.Discard)
-			if err != nil {
-				t.Fatal(err)
-			}
-			gs, err := newGRPCServer(cfg, slog.New(slog.NewTextHandler(io.Discard, nil)), nil)
-			if err != nil {
-				t.Fatal(err)
-			}
-			tc.register(gs)
-			l, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			go gs.Serve(l)
-			defer gs.Stop()
-			conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer conn.Close()
-			for i := range 2 { // the server survives the first panic
-				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-				err := tc.call(ctx, conn)
-				cancel()
-				if status.Code(err) != codes.Internal {
-					t.Fatalf("call %d: got %v, want Internal", i+1, err)
-				}
-			}
-		})
-	}
-}
-
 func TestEnvName(t *testing.T) {
 	if got := envName("grpc-max-connection-age"); got != "RLS_GRPC_MAX_CONNECTION_AGE" {
 		t.Fatal(got)
 	}
 }
 
-func TestTracingErrorsThrottled(t *testing.T) {
-	var buf bytes.Buffer
-	h := throttledErrors(slog.New(slog.NewTextHandler(&syncWriter{w: &buf}, nil)), time.Hour)
-	for range 100 {
-		h(errors.New("connection refused"))
+// TestBadValuesExit64: every value or combination of values serve refuses, whether a flag, an
+// RLS_* variable or OpenTelemetry's environment gives it, exits 64 and says which flag or
+// variable is wrong and why, before anything is loaded or bound. There is at least one case
+// for each rule group of server.Config.Validate.
+func TestBadValuesExit64(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "some.pem")
+	if err := os.WriteFile(file, []byte("not read: the combination is refused first"), 0o600); err != nil {
+		t.Fatal(err)
 	}
-	if n := strings.Count(buf.String(), "tracing: export failed"); n != 1 {
-		t.Fatalf("100 export errors logged %d times within the interval, want 1:\n%s", n, buf.String())
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
 	}
-}
-
-func TestTracingEnabled(t *testing.T) {
+	defer busy.Close()
 	tests := []struct {
+		name string
+		args []string
 		env  []string
-		want bool
+		want []string
 	}{
-		{nil, false},
-		{[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318"}, true},
-		{[]string{"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT=http://collector:4318/v1/traces"}, true},
-		{[]string{"OTEL_TRACES_EXPORTER=otlp"}, true},
-		{[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318", "OTEL_TRACES_EXPORTER=none"}, false},
-		{[]string{"OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318", "OTEL_SDK_DISABLED=true"}, false},
+		{"log level", []string{"--log-level", "loud"}, nil, []string{`--log-level "loud": want debug, info, warn or error`}},
+		{"log format", []string{"--log-format", "xml"}, nil, []string{`--log-format "xml": want text or json`}},
+		{"backend", []string{"--backend", "etcd"}, nil, []string{`--backend "etcd": want memory or redis`}},
+		{"failure mode", []string{"--failure-mode", "maybe"}, nil, []string{`--failure-mode: `, `"maybe"`}},
+		{"response headers", []string{"--response-headers", "x"}, nil, []string{"--response-headers: "}},
+		{"near-limit ratio", []string{"--near-limit-ratio", "2"}, nil, []string{"--near-limit-ratio 2: want a value in [0, 1]"}},
+		{"near-limit ratio from RLS_*", nil, []string{"RLS_NEAR_LIMIT_RATIO=-1"}, []string{"--near-limit-ratio -1: want a value in [0, 1]"}},
+		{"concurrent streams", []string{"--grpc-max-concurrent-streams", "0"}, nil, []string{"--grpc-max-concurrent-streams 0: want at least 1"}},
+		{"stream workers", []string{"--grpc-stream-workers", "5000"}, nil, []string{"--grpc-stream-workers 5000: want at most 4096"}},
+		{"connections", []string{"--grpc-max-connections", "-1"}, nil, []string{"--grpc-max-connections -1: want 0 (no bound) or more"}},
+		{"connection idle", []string{"--grpc-max-connection-idle", "-1s"}, nil, []string{"--grpc-max-connection-idle -1s: want 0 (never) or more"}},
+		{"calls", []string{"--grpc-max-calls", "-1"}, nil, []string{"--grpc-max-calls -1: want 0 (no bound) or more"}},
+		{"client CA without a certificate", []string{"--grpc-tls-client-ca", file}, nil, []string{"--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key"}},
+		{"client SAN without a CA", []string{"--grpc-tls-cert", file, "--grpc-tls-key", file, "--grpc-tls-client-san", "x"}, nil, []string{"--grpc-tls-client-san needs --grpc-tls-client-ca"}},
+		{"HTTP timeout", []string{"--http-read-timeout", "0s"}, nil, []string{"--http-read-timeout 0s: must be > 0"}},
+		{"HTTP header bytes", []string{"--http-max-header-bytes", "0"}, nil, []string{"--http-max-header-bytes 0: must be > 0"}},
+		{"pprof without a debug listener", []string{"--debug", "--debug-addr", ""}, nil, []string{"--debug serves pprof on the debug listener: it needs --debug-addr"}},
+		{"metrics path", []string{"--metrics-addr", "127.0.0.1:0", "--metrics-path", "metrics"}, nil, []string{`--metrics-path "metrics": want a path starting with /`}},
+		{"reload debounce", []string{"--reload-debounce", "0s"}, nil, []string{"--reload-debounce 0s: must be > 0"}},
+		{"request bytes", []string{"--max-request-bytes", "100"}, nil, []string{"--max-request-bytes 100: want at least 1024"}},
+		{"overrides", []string{"--overrides", "sometimes"}, nil, []string{`--overrides "sometimes": want allow, ignore or refuse`}},
+		{"RLQS tick", []string{"--rlqs", "--rlqs-tick", "0s"}, nil, []string{"--rlqs-tick 0s: want a positive duration"}},
+		{"Redis health interval", []string{"--backend", "redis", "--redis-health-interval", "0s"}, nil, []string{"--redis-health-interval 0s: want a positive duration"}},
+		{"Redis TLS without rediss://", []string{"--backend", "redis", "--redis-tls-ca", file}, nil, []string{"--redis-tls-* need TLS"}},
+		{"rules from files and xDS", []string{"--config", file, "--xds-server", "127.0.0.1:1"}, nil, []string{"--config and --xds-server both give the rules: keep one"}},
+		{"xDS metadata", []string{"--xds-server", "127.0.0.1:1", "--xds-node-metadata", "zone"}, nil, []string{`--xds-node-metadata: "zone": want key=value`}},
+		{"xDS TLS files without --xds-tls", []string{"--xds-server", "127.0.0.1:1", "--xds-tls-ca", file}, nil, []string{"need --xds-tls"}},
+		{"OTLP protocol", nil, []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_PROTOCOL=pigeon"}, []string{`OTEL_EXPORTER_OTLP_PROTOCOL "pigeon": want grpc or http/protobuf`}},
+		{"every value wrong is named", []string{"--near-limit-ratio", "2", "--reload-debounce", "0s", "--rlqs", "--rlqs-max-buckets", "0"}, nil,
+			[]string{"--near-limit-ratio 2", "--reload-debounce 0s", "--rlqs-max-buckets 0"}},
+		{"a flag the flag package refuses", []string{"--grpc-max-calls", "many"}, nil, []string{`invalid value "many" for flag -grpc-max-calls`}},
+		{"an RLS_* variable the flag package refuses", nil, []string{"RLS_SHUTDOWN_TIMEOUT=soon"}, []string{`RLS_SHUTDOWN_TIMEOUT="soon"`}},
 	}
 	for _, tc := range tests {
-		if got := tracingEnabled(envMap(tc.env)); got != tc.want {
-			t.Errorf("tracingEnabled(%v) = %v, want %v", tc.env, got, tc.want)
-		}
+		t.Run(tc.name, func(t *testing.T) {
+			// The gRPC port is taken: a case that got past validation fails binding it (exit 1)
+			// instead of serving.
+			args := append([]string{"--grpc-addr", busy.Addr().String(), "--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0"}, tc.args...)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			var stderr bytes.Buffer
+			code := exitCode(run(ctx, args, tc.env, io.Discard, &stderr), &stderr)
+			if code != 64 {
+				t.Errorf("exit %d, want 64", code)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stderr.String(), w) {
+					t.Errorf("stderr lacks %q:\n%s", w, stderr.String())
+				}
+			}
+			if strings.Contains(stderr.String(), "level=") {
+				t.Errorf("the server started logging before the values were checked:\n%s", stderr.String())
+			}
+		})
 	}
 }

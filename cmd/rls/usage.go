@@ -7,55 +7,19 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
 	"strings"
 	"time"
 
-	"github.com/rls-project/rls/internal/logthrottle"
 	"github.com/rls-project/rls/internal/service"
 )
 
-// usageConfig holds the flags of the key endpoints (/v1/keys on --http-addr).
-type usageConfig struct {
-	adminTokenFile string
-	token          []byte // read from adminTokenFile by load
-}
-
-// usageFlags registers the key endpoints' flags on fs.
-func usageFlags(fs *flag.FlagSet) *usageConfig {
-	uc := &usageConfig{}
-	fs.StringVar(&uc.adminTokenFile, "admin-token-file", "",
+// adminTokenFlag registers the key endpoints' flag (/v1/keys on --http-addr) on fs.
+func adminTokenFlag(fs *flag.FlagSet, file *string) {
+	fs.StringVar(file, "admin-token-file", *file,
 		"file holding the bearer token that may reset keys (POST/DELETE /v1/keys on --http-addr); empty: resetting is off (404)")
-	return uc
-}
-
-// load reads the admin token, when a file is given: one line, surrounding white space dropped.
-func (uc *usageConfig) load() error {
-	if uc == nil || uc.adminTokenFile == "" {
-		return nil
-	}
-	b, err := os.ReadFile(uc.adminTokenFile)
-	if err != nil {
-		return fmt.Errorf("--admin-token-file: %w", err)
-	}
-	uc.token = bytes.TrimSpace(b)
-	if len(uc.token) < 16 {
-		return fmt.Errorf("--admin-token-file %s: the token must be at least 16 bytes", uc.adminTokenFile)
-	}
-	return nil
-}
-
-// mount adds /v1/keys to mux and returns it.
-func (uc *usageConfig) mount(mux *http.ServeMux, svc *service.Service, log *slog.Logger, warn *logthrottle.Throttle) *http.ServeMux {
-	var token []byte
-	if uc != nil {
-		token = uc.token
-	}
-	mux.Handle("/v1/keys", svc.KeysHandler(service.KeysOptions{AdminToken: token, Logger: log, Warnings: warn}))
-	return mux
 }
 
 // runKeys is `rls inspect` (reset false) and `rls reset`: it calls /v1/keys on a running rls
@@ -68,8 +32,7 @@ func runKeys(ctx context.Context, name string, args, env []string, stdout, stder
 	timeout := fs.Duration("timeout", 5*time.Second, "deadline for the call")
 	tokenFile := fs.String("admin-token-file", "", "reset: file holding the admin token (as given to rls serve)")
 	var descs []string
-	fs.Func("descriptor", "a descriptor as key=value[,key=value...]; repeat for several; arguments after the flags count too",
-		func(s string) error { descs = append(descs, s); return nil })
+	fs.Func("descriptor", descriptorUsage, func(s string) error { descs = append(descs, s); return nil })
 	if err := parseFlags(fs, args, env); err != nil {
 		return err
 	}
@@ -78,6 +41,8 @@ func runKeys(ctx context.Context, name string, args, env []string, stdout, stder
 		fmt.Fprintf(stderr, "rls %s: give at least one descriptor, e.g. rls %s --domain ai api_key=k1,model=m\n", name, name)
 		return errUsage
 	}
+	// Checked here with the parser the server reads them with (and rls check reads its own
+	// with), then sent as written.
 	for _, d := range descs {
 		if _, err := service.ParseDescriptor(d); err != nil {
 			fmt.Fprintf(stderr, "rls %s: %v\n", name, err)
@@ -105,21 +70,9 @@ func runKeys(ctx context.Context, name string, args, env []string, stdout, stder
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, method, strings.TrimSuffix(base, "/")+"/v1/keys?"+q.Encode(), nil)
-	if err != nil {
-		return err
-	}
-	if token != nil {
-		req.Header.Set("Authorization", "Bearer "+string(token))
-	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, body, err := callKeys(ctx, method, strings.TrimSuffix(base, "/")+"/v1/keys?"+q.Encode(), token)
 	if err != nil {
 		return fmt.Errorf("%s %s: %w", method, *addr, err)
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
-	if err != nil {
-		return err
 	}
 	if resp.StatusCode != http.StatusOK {
 		msg := strings.TrimSpace(string(body))
@@ -130,4 +83,23 @@ func runKeys(ctx context.Context, name string, args, env []string, stdout, stder
 	}
 	_, err = stdout.Write(body)
 	return err
+}
+
+// callKeys sends one /v1/keys request, with token as the bearer token when not nil, and returns
+// the answer and its body (at most 1 MiB read).
+func callKeys(ctx context.Context, method, url string, token []byte) (*http.Response, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, method, url, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	if token != nil {
+		req.Header.Set("Authorization", "Bearer "+string(token))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return resp, body, err
 }

@@ -289,21 +289,28 @@ func keysQuery(q url.Values) (*rlsv3.RateLimitRequest, error) {
 	return req, nil
 }
 
-// ParseDescriptor reads "key=value,key2=value2" into a descriptor; a key or value may be
-// percent-encoded (%2C for a comma, %3D for '=').
+// DescriptorFormat says how a descriptor is written on a command line or in a /v1/keys query,
+// for usage and error messages.
+const DescriptorFormat = "key=value[,key=value...], with a ',', '=' or '%' in a key or value written %2C, %3D or %25"
+
+// ParseDescriptor reads "key=value,key2=value2" into a descriptor: the one reader of that
+// format, for rls check, rls inspect and rls reset and for /v1/keys. The text is split at every
+// ',' and then at each pair's first '='; each key and value is then percent-decoded, so that
+// %2C is a comma, %3D an '=' and %25 a '%' in it. A key must not be empty; a '%' not followed by
+// two hex digits is an error.
 func ParseDescriptor(s string) (*ratelimitv3.RateLimitDescriptor, error) {
 	d := &ratelimitv3.RateLimitDescriptor{}
 	for _, kv := range strings.Split(s, ",") {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("descriptor %q: want key=value,key2=value2", s)
+			return nil, fmt.Errorf("descriptor %q: want %s", s, DescriptorFormat)
 		}
 		var err error
 		if k, err = url.PathUnescape(k); err == nil {
 			v, err = url.PathUnescape(v)
 		}
 		if err != nil {
-			return nil, fmt.Errorf("descriptor %q: %v", s, err)
+			return nil, fmt.Errorf("descriptor %q: %v (write a '%%' in a key or value as %%25)", s, err)
 		}
 		d.Entries = append(d.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: k, Value: v})
 	}

@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"bytes"
@@ -29,15 +29,16 @@ import (
 	"github.com/rls-project/rls/internal/service"
 )
 
-// testConfig is the serve configuration for args, on free loopback ports.
-func testConfig(t *testing.T, args ...string) serveConfig {
-	t.Helper()
-	c, err := parseServeFlags(append([]string{"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0"}, args...), nil, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
+// testConfig is the default configuration on free loopback ports.
+func testConfig() Config {
+	c := DefaultConfig()
+	c.GRPC.Addr, c.HTTP.Addr, c.Debug.Addr = "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
 	return c
 }
+
+type syncWriter struct{ w io.Writer }
+
+func (s *syncWriter) Write(p []byte) (int, error) { return s.w.Write(p) }
 
 func httpGet(t *testing.T, url string) (int, string) {
 	t.Helper()
@@ -76,13 +77,13 @@ func dial(t *testing.T, addr string) *grpc.ClientConn {
 // answered; after drain no new call is; close releases the ports.
 func TestServerShutdownOrder(t *testing.T) {
 	var logs bytes.Buffer
-	s, err := newServer(context.Background(), testConfig(t), &syncWriter{w: &logs})
+	s, err := New(context.Background(), testConfig(), &syncWriter{w: &logs})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	ran := make(chan error, 1)
-	go func() { ran <- s.run(ctx) }()
+	go func() { ran <- s.Run(ctx) }()
 	grpcAddr, httpAddr := s.grpcL.Addr().String(), s.httpL.Addr().String()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		if code, _ := httpGet(t, "http://"+httpAddr+"/readyz"); code == 200 {
@@ -147,9 +148,9 @@ func TestServerShutdownOrder(t *testing.T) {
 	}
 }
 
-// TestNewServerFailureReleasesPorts: a server that cannot be built whole (its debug port is
+// TestNewFailureReleasesPorts: a server that cannot be built whole (its debug port is
 // taken) fails naming the flag and leaves nothing bound.
-func TestNewServerFailureReleasesPorts(t *testing.T) {
+func TestNewFailureReleasesPorts(t *testing.T) {
 	busy, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -161,25 +162,27 @@ func TestNewServerFailureReleasesPorts(t *testing.T) {
 	}
 	grpcAddr := grpcL.Addr().String()
 	grpcL.Close()
-	c := testConfig(t, "--grpc-addr", grpcAddr, "--debug-addr", busy.Addr().String())
-	if _, err := newServer(context.Background(), c, io.Discard); err == nil || !strings.Contains(err.Error(), "--debug-addr") {
+	c := testConfig()
+	c.GRPC.Addr, c.Debug.Addr = grpcAddr, busy.Addr().String()
+	if _, err := New(context.Background(), c, io.Discard); err == nil || !strings.Contains(err.Error(), "--debug-addr") {
 		t.Fatalf("got %v, want an error naming --debug-addr", err)
 	}
 	l, err := net.Listen("tcp", grpcAddr)
 	if err != nil {
-		t.Fatalf("the gRPC port is still bound after newServer failed: %v", err)
+		t.Fatalf("the gRPC port is still bound after New failed: %v", err)
 	}
 	l.Close()
 }
 
-// TestNewServerLeavesProcessState: building a server, tracing on, sets neither the default
+// TestNewLeavesProcessState: building a server, tracing on, sets neither the default
 // logger nor otel's global tracer provider or propagator.
-func TestNewServerLeavesProcessState(t *testing.T) {
+func TestNewLeavesProcessState(t *testing.T) {
 	logger, tp, prop := slog.Default(), otel.GetTracerProvider(), otel.GetTextMapPropagator()
-	c := testConfig(t, "--log-level", "debug")
+	c := testConfig()
+	c.Log.Level = "debug"
 	// An endpoint that refuses connections: the exporter is built but never reaches it here.
-	c.env = []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1"}
-	s, err := newServer(context.Background(), c, io.Discard)
+	c.Env = []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1"}
+	s, err := New(context.Background(), c, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -188,13 +191,13 @@ func TestNewServerLeavesProcessState(t *testing.T) {
 		t.Fatal("tracing is off; the test wants it on")
 	}
 	if slog.Default() != logger {
-		t.Error("newServer replaced slog's default logger")
+		t.Error("New replaced slog's default logger")
 	}
 	if otel.GetTracerProvider() != tp {
-		t.Error("newServer set otel's global tracer provider")
+		t.Error("New set otel's global tracer provider")
 	}
 	if otel.GetTextMapPropagator() != prop {
-		t.Error("newServer set otel's global propagator")
+		t.Error("New set otel's global propagator")
 	}
 }
 
@@ -347,39 +350,39 @@ func readyz(h http.Handler) (int, string) {
 func TestHTTPLimits(t *testing.T) {
 	tests := []struct {
 		name    string
-		args    []string
-		want    httpLimits
+		set     func(*HTTPLimits)
+		want    HTTPLimits
 		wantErr string
 	}{
-		{"defaults", nil, httpLimits{5 * time.Second, 10 * time.Second, 30 * time.Second, 60 * time.Second, 64 << 10}, ""},
-		{"flags", []string{"--http-read-header-timeout", "1s", "--http-read-timeout", "2s", "--http-write-timeout", "3s",
-			"--http-idle-timeout", "4s", "--http-max-header-bytes", "1024"}, httpLimits{time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 1024}, ""},
-		{"zero read timeout", []string{"--http-read-timeout", "0s"}, httpLimits{}, "--http-read-timeout 0s: must be > 0"},
-		{"negative idle timeout", []string{"--http-idle-timeout", "-1s"}, httpLimits{}, "--http-idle-timeout -1s: must be > 0"},
-		{"zero header bytes", []string{"--http-max-header-bytes", "0"}, httpLimits{}, "--http-max-header-bytes 0: must be > 0"},
+		{"defaults", func(*HTTPLimits) {}, HTTPLimits{5 * time.Second, 10 * time.Second, 30 * time.Second, 60 * time.Second, 64 << 10}, ""},
+		{"set", func(l *HTTPLimits) {
+			*l = HTTPLimits{time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 1024}
+		},
+			HTTPLimits{time.Second, 2 * time.Second, 3 * time.Second, 4 * time.Second, 1024}, ""},
+		{"zero read timeout", func(l *HTTPLimits) { l.ReadTimeout = 0 }, HTTPLimits{}, "--http-read-timeout 0s: must be > 0"},
+		{"negative idle timeout", func(l *HTTPLimits) { l.IdleTimeout = -time.Second }, HTTPLimits{}, "--http-idle-timeout -1s: must be > 0"},
+		{"zero header bytes", func(l *HTTPLimits) { l.MaxHeaderBytes = 0 }, HTTPLimits{}, "--http-max-header-bytes 0: must be > 0"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c, err := parseServeFlags(tc.args, nil, io.Discard)
-			if err != nil {
-				t.Fatal(err)
-			}
-			err = c.http.validate()
+			c := DefaultConfig()
+			tc.set(&c.HTTP.HTTPLimits)
+			err := c.Validate()
 			if tc.wantErr != "" {
 				if err == nil || err.Error() != tc.wantErr {
 					t.Fatalf("err %v, want %q", err, tc.wantErr)
 				}
 				return
 			}
-			if err != nil || c.http != tc.want {
-				t.Fatalf("got %+v, %v; want %+v", c.http, err, tc.want)
+			if err != nil || c.HTTP.HTTPLimits != tc.want {
+				t.Fatalf("got %+v, %v; want %+v", c.HTTP.HTTPLimits, err, tc.want)
 			}
-			s := c.http.server(http.NotFoundHandler())
-			if s.ReadHeaderTimeout != tc.want.readHeaderTimeout || s.ReadTimeout != tc.want.readTimeout ||
-				s.WriteTimeout != tc.want.writeTimeout || s.IdleTimeout != tc.want.idleTimeout || s.MaxHeaderBytes != tc.want.maxHeaderBytes {
+			s := c.HTTP.server(http.NotFoundHandler())
+			if s.ReadHeaderTimeout != tc.want.ReadHeaderTimeout || s.ReadTimeout != tc.want.ReadTimeout ||
+				s.WriteTimeout != tc.want.WriteTimeout || s.IdleTimeout != tc.want.IdleTimeout || s.MaxHeaderBytes != tc.want.MaxHeaderBytes {
 				t.Errorf("http.Server %+v does not carry %+v", s, tc.want)
 			}
-			if d := c.http.debugServer(http.NotFoundHandler()); d.WriteTimeout != 0 || d.ReadTimeout != tc.want.readTimeout {
+			if d := c.HTTP.debugServer(http.NotFoundHandler()); d.WriteTimeout != 0 || d.ReadTimeout != tc.want.ReadTimeout {
 				t.Errorf("debug server: write timeout %v (want none, for profiles), read timeout %v", d.WriteTimeout, d.ReadTimeout)
 			}
 		})
@@ -460,7 +463,7 @@ func TestBackendCapabilities(t *testing.T) {
 	}
 
 	// A reload purges the cache, once per rule set applied.
-	rules, err := loadRules("", descriptors.Options{})
+	rules, err := LoadRules("", descriptors.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -473,7 +476,7 @@ func TestBackendCapabilities(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &server{log: log, be: be, svc: svc}
+	s := &Server{log: log, be: be, svc: svc}
 	for range 2 {
 		if err := s.applyRules(); err != nil {
 			t.Fatal(err)
@@ -481,5 +484,42 @@ func TestBackendCapabilities(t *testing.T) {
 	}
 	if be.purges != 2 {
 		t.Errorf("2 reloads purged the cache %d times", be.purges)
+	}
+}
+
+// TestMetricsAddrAndHealthcheck: --metrics-addr serves the metrics at --metrics-path, and
+// /healthcheck says what /readyz says, as envoyproxy/ratelimit's probe expects it.
+func TestMetricsAddrAndHealthcheck(t *testing.T) {
+	c := testConfig()
+	c.Metrics.Addr, c.Metrics.Path = "127.0.0.1:0", "/stats/prometheus"
+	s, err := New(context.Background(), c, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	s.ready.healthcheck(rec, httptest.NewRequest("GET", "/healthcheck", nil))
+	if rec.Code != 500 || !strings.Contains(rec.Body.String(), "starting") {
+		t.Errorf("/healthcheck before start: %d %q, want 500 starting", rec.Code, rec.Body.String())
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Shutdown(s.Run(ctx)) }()
+	defer func() { cancel(); <-done }()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		code, body := httpGet(t, "http://"+s.httpL.Addr().String()+"/healthcheck")
+		if code == 200 && body == "OK" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/healthcheck: %d %q", code, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if code, body := httpGet(t, "http://"+s.metricsL.Addr().String()+"/stats/prometheus"); code != 200 || !strings.Contains(body, "rls_config_generation") {
+		t.Errorf("metrics listener: %d, %d bytes", code, len(body))
+	}
+	if code, _ := httpGet(t, "http://"+s.metricsL.Addr().String()+"/json"); code != 404 {
+		t.Errorf("metrics listener serves /json: %d", code)
 	}
 }

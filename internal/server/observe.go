@@ -1,4 +1,4 @@
-package main
+package server
 
 import (
 	"context"
@@ -48,6 +48,27 @@ func tracingEnabled(env map[string]string) bool {
 	return env["OTEL_EXPORTER_OTLP_ENDPOINT"] != "" || env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] != ""
 }
 
+// tracingProtocol is the OTLP protocol the environment asks for; "" for the default.
+func tracingProtocol(env map[string]string) string {
+	if p := env["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]; p != "" {
+		return p
+	}
+	return env["OTEL_EXPORTER_OTLP_PROTOCOL"]
+}
+
+// validateTracing checks the OTEL_* variables rls reads itself, when they ask for tracing.
+func validateTracing(env map[string]string) error {
+	if !tracingEnabled(env) {
+		return nil
+	}
+	switch p := tracingProtocol(env); p {
+	case "", "http/protobuf", "grpc":
+		return nil
+	default:
+		return fmt.Errorf("OTEL_EXPORTER_OTLP_PROTOCOL %q: want grpc or http/protobuf", p)
+	}
+}
+
 func envMap(env []string) map[string]string {
 	m := map[string]string{}
 	for _, kv := range env {
@@ -66,10 +87,7 @@ func setupTracing(ctx context.Context, env []string, log *slog.Logger) (tracingS
 	if !tracingEnabled(vars) {
 		return tracingSetup{}, nil
 	}
-	proto := vars["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"]
-	if proto == "" {
-		proto = vars["OTEL_EXPORTER_OTLP_PROTOCOL"]
-	}
+	proto := tracingProtocol(vars)
 	var client otlptrace.Client
 	switch proto {
 	case "", "http/protobuf":

@@ -1,9 +1,7 @@
-package main
+package server
 
 import (
 	"context"
-	"flag"
-	"fmt"
 	"sync/atomic"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -33,17 +31,9 @@ type callLimit struct {
 	refused prometheus.Counter
 }
 
-func callLimitFlags(fs *flag.FlagSet, max *int64) {
-	fs.Int64Var(max, "grpc-max-calls", defaultGRPCMaxCalls,
-		"ShouldRateLimit calls open at once over all gRPC connections (each may hold up to --max-request-bytes while its message arrives); one more is refused UNAVAILABLE as it opens and counted in rls_grpc_calls_refused_total (0, the default: no bound; the Kubernetes manifest sets 1024)")
-}
-
 // newCallLimit returns the bound as a server option, its metrics registered on reg; no option
 // when max is 0.
 func newCallLimit(max int64, reg prometheus.Registerer) ([]grpc.ServerOption, error) {
-	if max < 0 {
-		return nil, fmt.Errorf("%w: --grpc-max-calls %d: want 0 (no bound) or more", errUsage, max)
-	}
 	if max == 0 {
 		return nil, nil
 	}

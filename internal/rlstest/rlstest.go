@@ -22,6 +22,10 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/rls-project/rls/internal/redistest"
 )
 
@@ -383,4 +387,14 @@ func (p *Proc) ResetPeakMemory(t testing.TB) {
 	if err := os.WriteFile(fmt.Sprintf("/proc/%d/clear_refs", p.Pid()), []byte("5"), 0); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// CounterValue reads a Prometheus counter of this process.
+func CounterValue(t testing.TB, c prometheus.Counter) float64 {
+	t.Helper()
+	var m dto.Metric
+	if err := c.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	return m.GetCounter().GetValue()
 }

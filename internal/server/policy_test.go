@@ -18,11 +18,12 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
-	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+
+	"github.com/rls-project/rls/internal/rlstest"
 )
 
 func TestCallerIdentities(t *testing.T) {
@@ -125,22 +126,13 @@ func TestCallerPolicySwapUnderLoad(t *testing.T) {
 	if err := cp.authorize(context.Background(), reqB); status.Code(err) != codes.PermissionDenied {
 		t.Fatalf("domain b after the broken file: %v", err)
 	}
-	if got := counterValue(t, cp.loads.WithLabelValues("success")); got != 51 {
+	if got := rlstest.CounterValue(t, cp.loads.WithLabelValues("success")); got != 51 {
 		t.Errorf("loads success %v, want 51", got)
 	}
-	if got := counterValue(t, cp.loads.WithLabelValues("failure")); got != 1 {
+	if got := rlstest.CounterValue(t, cp.loads.WithLabelValues("failure")); got != 1 {
 		t.Errorf("loads failure %v, want 1", got)
 	}
-	if got := counterValue(t, cp.denied.WithLabelValues("domain")); got < 1 {
+	if got := rlstest.CounterValue(t, cp.denied.WithLabelValues("domain")); got < 1 {
 		t.Errorf("denied domain %v, want at least the one above", got)
 	}
-}
-
-func counterValue(t *testing.T, c prometheus.Counter) float64 {
-	t.Helper()
-	var m dto.Metric
-	if err := c.Write(&m); err != nil {
-		t.Fatal(err)
-	}
-	return m.GetCounter().GetValue()
 }

@@ -25,6 +25,7 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/limit"
+	"github.com/rls-project/rls/internal/rlstest"
 )
 
 // wireEntry encodes a descriptor entry.
@@ -373,7 +374,7 @@ func TestInflightBound(t *testing.T) {
 			t.Fatalf("a request in flight: %v", err)
 		}
 	}
-	if got := counterValue(t, f.svc.metrics.inflight); got != 5 {
+	if got := rlstest.CounterValue(t, f.svc.metrics.inflight); got != 5 {
 		t.Fatalf("rls_inflight_shed_total %v, want 5", got)
 	}
 	if n := f.svc.inflight.Load(); n != 0 {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/limit"
+	"github.com/rls-project/rls/internal/rlstest"
 )
 
 func TestFailurePolicy(t *testing.T) {
@@ -132,11 +133,11 @@ func TestBackendErrorKinds(t *testing.T) {
 				if k == tc.kind {
 					want = 1
 				}
-				if n := counterValue(t, f.svc.metrics.errors.WithLabelValues(k)); n != want {
+				if n := rlstest.CounterValue(t, f.svc.metrics.errors.WithLabelValues(k)); n != want {
 					t.Errorf("rls_backend_errors_total{kind=%q} = %v, want %v", k, n, want)
 				}
 			}
-			if n := counterValue(t, f.svc.metrics.overload); n != tc.overload {
+			if n := rlstest.CounterValue(t, f.svc.metrics.overload); n != tc.overload {
 				t.Errorf("rls_overload_shed_total = %v, want %v", n, tc.overload)
 			}
 			errorLines := 0

@@ -166,3 +166,15 @@ func TestHandlerFailure(t *testing.T) {
 		})
 	}
 }
+
+// A handler's test without a running rls: a CheckerFunc plays rls denying the key.
+func ExampleNew_checkerFunc() {
+	fake := client.CheckerFunc(func(ctx context.Context, descs ...client.Descriptor) (client.Decision, error) {
+		return client.NewDecision(client.Status{Descriptor: descs[0], OverLimit: true, Wait: time.Minute,
+			Limit: client.Limit{Name: "per_key", Requests: 2, Window: time.Hour}}), nil
+	})
+	h := httplimit.New(fake, httplimit.Options{}).Handler(ok, httplimit.By(httplimit.Header("X-API-Key", "api_key")))
+	w := record(h, "k")
+	fmt.Println(w.Code, w.Header().Get("Retry-After"), w.Header().Get("RateLimit"))
+	// Output: 429 60 "per_key";r=0;t=60
+}

@@ -277,14 +277,5 @@ func (c *Client) failed(ctx context.Context, err error) (Decision, error) {
 	if ctx.Err() != nil {
 		return Decision{}, fmt.Errorf("client: %w", ctx.Err())
 	}
-	d := Decision{Source: SourceFailure, Err: err}
-	switch c.policy {
-	case FailAllow:
-		d.Allowed = true
-	case FailDeny:
-		d.RetryAfter = time.Second
-	case FailError:
-		return d, fmt.Errorf("%w: %w", ErrUnavailable, err)
-	}
-	return d, nil
+	return c.policy.Answer(err)
 }

@@ -6,6 +6,8 @@
 //
 // Packages httplimit and grpclimit build on it: net/http middleware and gRPC server
 // interceptors that turn a Decision into a 429 or RESOURCE_EXHAUSTED with the right headers.
+// They ask a Checker, which *Client is; in a handler's tests a CheckerFunc plays rls, with
+// NewDecision for its answers and FailurePolicy.Answer for its outages.
 //
 //	c, err := client.New("rls:8081", client.Options{Domain: "shop"})
 //	...

@@ -12,7 +12,7 @@ import (
 
 	yamlv3 "go.yaml.in/yaml/v3"
 
-	"github.com/rls-project/rls/deploy/envoytest"
+	"github.com/rls-project/rls/internal/envoytest"
 )
 
 // composeFile is the part of the Compose schema compose.yaml uses. Decoding with known fields

@@ -11,8 +11,8 @@ import (
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/protobuf/types/known/anypb"
 
-	"github.com/rls-project/rls/deploy/envoytest"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/envoytest"
 	"github.com/rls-project/rls/internal/rlqs"
 )
 

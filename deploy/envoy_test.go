@@ -23,7 +23,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/rls-project/rls/api"
-	"github.com/rls-project/rls/deploy/envoytest"
+	"github.com/rls-project/rls/internal/envoytest"
 )
 
 // The Envoy bootstraps: each parses and validates as Envoy would, and the two-tier set-up

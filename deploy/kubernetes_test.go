@@ -19,7 +19,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 
-	"github.com/rls-project/rls/deploy/envoytest"
+	"github.com/rls-project/rls/internal/envoytest"
 )
 
 // k8sObjects decodes every document of every manifest strictly into its k8s.io/api type.

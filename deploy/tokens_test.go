@@ -13,7 +13,7 @@ import (
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/rls-project/rls/deploy/envoytest"
+	"github.com/rls-project/rls/internal/envoytest"
 )
 
 // tokensBootstrap is the token-limit example: a check at request time and a report of the

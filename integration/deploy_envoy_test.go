@@ -33,7 +33,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/rls-project/rls/deploy/envoytest"
+	"github.com/rls-project/rls/internal/envoytest"
 )
 
 // This file plays Envoy running deploy/envoy/envoy.yaml: it derives, from the route's

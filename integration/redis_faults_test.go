@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -422,4 +423,31 @@ func TestRedisStateLossNoticed(t *testing.T) {
 		}
 		holdResets(t, p, 0, 6*interval, "after a Sentinel failover")
 	})
+}
+
+// With the default failure mode and Redis gone, every request answers UNAVAILABLE, whatever
+// its number of descriptors, and the client never sees Redis's address.
+func TestServiceBackendDownManyDescriptors(t *testing.T) {
+	r := redistest.Start(t)
+	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"hard.yaml": svcRules}),
+		"--backend", "redis", "--redis-url", r.URL(), "--redis-timeout", "100ms")
+	c := p.client(t)
+	ctx := ctxT(t)
+	if _, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "hard", Descriptors: []*ratelimitv3.RateLimitDescriptor{svcDesc("user", "u"), svcDesc("ip", "i")}}); err != nil {
+		t.Fatalf("Redis up: %v", err)
+	}
+	r.Kill()
+	for n := 1; n <= 3; n++ {
+		ds := []*ratelimitv3.RateLimitDescriptor{svcDesc("user", "u"), svcDesc("ip", "i"), svcDesc("tenant", "t")}[:n]
+		for i := range 3 {
+			_, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "hard", Descriptors: ds})
+			msg := status.Convert(err).Message()
+			if status.Code(err) != codes.Unavailable || !strings.HasPrefix(msg, "rate limit backend unavailable") || strings.Contains(msg, "127.0.0.1") {
+				t.Fatalf("%d descriptors, call %d: %v, want UNAVAILABLE without addresses", n, i+1, err)
+			}
+		}
+	}
+	if out := p.Output(); strings.Contains(out, "panic") {
+		t.Fatalf("rls logged a panic:\n%s", out)
+	}
 }

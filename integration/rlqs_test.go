@@ -2,10 +2,19 @@ package integration
 
 import (
 	"fmt"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	rlqspb "github.com/envoyproxy/go-control-plane/envoy/service/rate_limit_quota/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/rls-project/rls/internal/redistest"
 )
@@ -162,4 +171,167 @@ func TestRLQSShares(t *testing.T) {
 		}
 		t.Log(b.String())
 	})
+}
+
+func rlqsClient(t testing.TB, addr string) rlqspb.RateLimitQuotaServiceClient {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return rlqspb.NewRateLimitQuotaServiceClient(conn)
+}
+
+func usage(bucket map[string]string, allowed, denied uint64, elapsed time.Duration) *rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage {
+	return &rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{BucketId: &rlqspb.BucketId{Bucket: bucket},
+		NumRequestsAllowed: allowed, NumRequestsDenied: denied, TimeElapsed: durationpb.New(elapsed)}
+}
+
+// exchange sends m and returns the strategy of the first action answering it.
+func exchange(t *testing.T, s rlqspb.RateLimitQuotaService_StreamRateLimitQuotasClient, m *rlqspb.RateLimitQuotaUsageReports) *typev3.RateLimitStrategy {
+	t.Helper()
+	if err := s.Send(m); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetBucketAction()) == 0 {
+		t.Fatal("an answer without actions")
+	}
+	if err := resp.ValidateAll(); err != nil {
+		t.Fatalf("answer fails Envoy's validation: %v", err)
+	}
+	return resp.GetBucketAction()[0].GetQuotaAssignmentAction().GetRateLimitStrategy()
+}
+
+// TestRLQSOffByDefault: without --rlqs, rls serves no RLQS: the stream answers UNIMPLEMENTED and
+// the debug pages are not there; with RLS_RLQS=true it is served.
+func TestRLQSOffByDefault(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	p := startRLS(t, nil, "--config", rules)
+	s, err := rlqsClient(t, p.GRPCAddr).StreamRateLimitQuotas(ctxT(t))
+	if err == nil {
+		// A Send that finds the stream ended says EOF; Recv has the status.
+		_ = s.Send(&rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+			usage(map[string]string{"api_key": "shared"}, 1, 0, time.Second)}})
+		_, err = s.Recv()
+	}
+	if status.Code(err) != codes.Unimplemented {
+		t.Errorf("RLQS stream without --rlqs: %v, want UNIMPLEMENTED", err)
+	}
+	resp, err := http.Get("http://" + p.DebugAddr + "/debug/rlqs")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		t.Errorf("/debug/rlqs without --rlqs: %s, want 404", resp.Status)
+	}
+	on := startRLS(t, []string{"RLS_RLQS=true"}, "--config", rules)
+	s, err = rlqsClient(t, on.GRPCAddr).StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tb := exchange(t, s, &rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{
+		usage(map[string]string{"api_key": "shared"}, 1, 0, time.Second)}}).GetTokenBucket(); tb.GetTokensPerFill().GetValue() != 969 {
+		t.Errorf("with RLS_RLQS=true: %v, want a token bucket of 969", tb)
+	}
+}
+
+// TestRLQSMapping: a bucket id maps to the rule its pairs match as a descriptor, in sorted key
+// order or else another order; no rule, no limit.
+func TestRLQSMapping(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	p := startRLS(t, nil, "--rlqs", "--config", rules)
+	c := rlqsClient(t, p.GRPCAddr)
+	tests := []struct {
+		name   string
+		domain string
+		bucket map[string]string
+		want   string // allow_all, or "rate/period burst max_tokens"
+	}{
+		// A proxy alone gets the rule's rate less the 1/32 never held (at least 1), with max_tokens
+		// its part of an eighth of the burst (at least 1).
+		{"exact value", "rlqs", map[string]string{"api_key": "shared"}, "969/1s burst 24"},
+		{"wildcard default", "rlqs", map[string]string{"api_key": "other"}, "4/1s burst 1"},
+		{"keys in the rule tree's order, not sorted", "rlqs", map[string]string{"tenant": "t1", "plan": "gold"}, "582/1m0s burst 72"},
+		{"no rule for the bucket", "rlqs", map[string]string{"nothing": "here"}, "allow_all"},
+		{"unknown domain", "elsewhere", map[string]string{"api_key": "shared"}, "allow_all"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := c.StreamRateLimitQuotas(ctxT(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			st := exchange(t, s, &rlqspb.RateLimitQuotaUsageReports{Domain: tt.domain,
+				BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(tt.bucket, 1, 0, time.Second)}})
+			got := "allow_all"
+			if tb := st.GetTokenBucket(); tb != nil {
+				got = fmt.Sprintf("%d/%v burst %d", tb.GetTokensPerFill().GetValue(), tb.GetFillInterval().AsDuration(), tb.GetMaxTokens())
+			} else if st.GetBlanketRule() != typev3.RateLimitStrategy_ALLOW_ALL {
+				got = st.String()
+			}
+			if got != tt.want {
+				t.Errorf("got %s, want %s", got, tt.want)
+			}
+			s.CloseSend()
+		})
+	}
+}
+
+// TestRLQSMalformed: a malformed report ends its stream with InvalidArgument and a reason;
+// rls goes on serving.
+func TestRLQSMalformed(t *testing.T) {
+	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
+	p := startRLS(t, nil, "--rlqs", "--config", rules)
+	c := rlqsClient(t, p.GRPCAddr)
+	good := usage(map[string]string{"api_key": "shared"}, 1, 0, time.Second)
+	tests := []struct {
+		name string
+		msgs []*rlqspb.RateLimitQuotaUsageReports
+		want string
+	}{
+		{"no domain", []*rlqspb.RateLimitQuotaUsageReports{{BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{good}}}, "must name the domain"},
+		{"no bucket id", []*rlqspb.RateLimitQuotaUsageReports{{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{{NumRequestsAllowed: 1}}}}, "bucket_quota_usages[0]"},
+		{"empty key", []*rlqspb.RateLimitQuotaUsageReports{{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(map[string]string{"": "x"}, 1, 0, time.Second)}}}, "empty key"},
+		{"negative elapsed", []*rlqspb.RateLimitQuotaUsageReports{{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{usage(map[string]string{"api_key": "shared"}, 1, 0, -time.Second)}}}, "time_elapsed"},
+		{"domain changed", []*rlqspb.RateLimitQuotaUsageReports{
+			{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{good}},
+			{Domain: "other", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{good}}}, "differs"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := c.StreamRateLimitQuotas(ctxT(t))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range tt.msgs {
+				if err := s.Send(m); err != nil {
+					break
+				}
+			}
+			for {
+				_, err = s.Recv()
+				if err != nil {
+					break
+				}
+			}
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("got %v, want InvalidArgument mentioning %q", err, tt.want)
+			}
+		})
+	}
+	// Still serving.
+	s, err := c.StreamRateLimitQuotas(ctxT(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exchange(t, s, &rlqspb.RateLimitQuotaUsageReports{Domain: "rlqs", BucketQuotaUsages: []*rlqspb.RateLimitQuotaUsageReports_BucketQuotaUsage{good}})
+	if !strings.Contains(p.Output(), "malformed report") {
+		t.Error("malformed reports were not logged")
+	}
 }

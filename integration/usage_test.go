@@ -24,7 +24,7 @@ import (
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
-	"github.com/rls-project/rls/deploy/envoytest"
+	"github.com/rls-project/rls/internal/envoytest"
 	"github.com/rls-project/rls/internal/redistest"
 )
 

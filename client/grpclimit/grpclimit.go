@@ -4,10 +4,16 @@
 // wait) and errdetails.QuotaFailure (which descriptors are over), and every call carries the
 // rate-limit headers as response header metadata.
 //
-//	lim := grpclimit.New(c, grpclimit.Options{},
-//		grpclimit.By(grpclimit.Metadata("x-api-key", "api_key")),
-//		grpclimit.By(grpclimit.Method()))
+//	lim := grpclimit.New(c, grpclimit.Options{
+//		// Uploads are limited per key and method; every other method per key only.
+//		Methods: map[string][]grpclimit.Descriptor{
+//			"/shop.Store/Upload": {grpclimit.By(grpclimit.Metadata("x-api-key", "api_key"), grpclimit.Method())},
+//		}},
+//		grpclimit.By(grpclimit.Metadata("x-api-key", "api_key")))
 //	srv := grpc.NewServer(grpc.UnaryInterceptor(lim.Unary()), grpc.StreamInterceptor(lim.Stream()))
+//
+// Options.Deny and Options.Error choose the status of a denied call and of a call that had no
+// decision, as httplimit's hooks choose the response.
 package grpclimit
 
 import (
@@ -110,31 +116,64 @@ func Peer() Part {
 	}
 }
 
-// Options configures a Limiter.
+// Options configures a Limiter. The zero value sends the IETF draft headers, limits every method
+// by the descriptors given to New, and ends calls with the default denial and error statuses.
 type Options struct {
 	// Headers is the style of the rate-limit headers sent as response header metadata (default
 	// client.HeadersDraft; client.HeadersNone sends none but retry-after on a denial).
 	Headers client.HeaderStyle
+	// Methods holds the descriptors of chosen methods, as httplimit's Handler does per route: a
+	// call is limited by the entry of its full method name ("/pkg.Service/Method"), else by the
+	// entry of its service ("/pkg.Service/"), else by the descriptors given to New. An entry with
+	// no descriptors lets its calls pass without asking.
+	Methods map[string][]Descriptor
+	// Deny returns the status a denied call ends with (default Denied). The rate-limit headers
+	// and retry-after are already set as response header metadata. A nil error admits the call.
+	Deny func(ctx context.Context, fullMethod string, d client.Decision) error
+	// Error returns the status a call ends with when no decision could be had: invalid
+	// descriptors, rls unavailable under client.FailError, or the call's own context ended
+	// (default Failed). A nil error admits the call.
+	Error func(ctx context.Context, fullMethod string, err error) error
 }
 
 // Limiter makes interceptors that ask one client. It is safe for concurrent use.
 type Limiter struct {
-	c     *client.Client
+	c     client.Checker
 	opts  Options
 	descs []Descriptor
 }
 
-// New returns a Limiter asking c with the descriptors descs of each call. A call that yields
-// no descriptor passes without asking.
-func New(c *client.Client, opts Options, descs ...Descriptor) *Limiter {
+// New returns a Limiter asking c (a *client.Client, or in an interceptor's tests a
+// client.CheckerFunc playing rls) with the descriptors descs of each call of a method that
+// Options.Methods does not name. A call that yields no descriptor passes without asking.
+func New(c client.Checker, opts Options, descs ...Descriptor) *Limiter {
+	if opts.Deny == nil {
+		opts.Deny = func(_ context.Context, _ string, d client.Decision) error { return Denied(d) }
+	}
+	if opts.Error == nil {
+		opts.Error = func(ctx context.Context, _ string, err error) error { return Failed(ctx, err) }
+	}
 	return &Limiter{c: c, opts: opts, descs: descs}
+}
+
+// descriptors returns the descriptors of the calls of method.
+func (l *Limiter) descriptors(method string) []Descriptor {
+	if ds, ok := l.opts.Methods[method]; ok {
+		return ds
+	}
+	if i := strings.LastIndexByte(method, '/'); i > 0 {
+		if ds, ok := l.opts.Methods[method[:i+1]]; ok {
+			return ds
+		}
+	}
+	return l.descs
 }
 
 // check decides one call; a nil error admits it. It sends the headers with set.
 func (l *Limiter) check(ctx context.Context, method string, set func(metadata.MD) error) error {
 	var buf [4]client.Descriptor
 	descs := buf[:0]
-	for _, d := range l.descs {
+	for _, d := range l.descriptors(method) {
 		if cd, ok := d.build(ctx, method); ok {
 			descs = append(descs, cd)
 		}
@@ -144,13 +183,7 @@ func (l *Limiter) check(ctx context.Context, method string, set func(metadata.MD
 	}
 	d, err := l.c.Check(ctx, descs...)
 	if err != nil {
-		if errors.Is(err, client.ErrUnavailable) {
-			return status.Error(codes.Unavailable, "rate limit service unavailable")
-		}
-		if ctx.Err() != nil {
-			return status.FromContextError(ctx.Err()).Err()
-		}
-		return status.Error(codes.Internal, "rate limit check failed")
+		return l.opts.Error(ctx, method, err)
 	}
 	if h := d.Header(l.opts.Headers); len(h) > 0 {
 		md := make(metadata.MD, len(h))
@@ -162,7 +195,19 @@ func (l *Limiter) check(ctx context.Context, method string, set func(metadata.MD
 	if d.Allowed {
 		return nil
 	}
-	return Denied(d)
+	return l.opts.Deny(ctx, method, d)
+}
+
+// Failed returns the status of a call whose check returned err: UNAVAILABLE when rls was
+// unavailable, the context's status when the call's context ended, INTERNAL otherwise.
+func Failed(ctx context.Context, err error) error {
+	if errors.Is(err, client.ErrUnavailable) {
+		return status.Error(codes.Unavailable, "rate limit service unavailable")
+	}
+	if ctx.Err() != nil {
+		return status.FromContextError(ctx.Err()).Err()
+	}
+	return status.Error(codes.Internal, "rate limit check failed")
 }
 
 // Denied returns the RESOURCE_EXHAUSTED status of a denied decision, with RetryInfo and a

@@ -24,12 +24,13 @@ type Options struct {
 
 // Limiter makes middleware that asks one client. It is safe for concurrent use.
 type Limiter struct {
-	c    *client.Client
+	c    client.Checker
 	opts Options
 }
 
-// New returns a Limiter asking c.
-func New(c *client.Client, opts Options) *Limiter {
+// New returns a Limiter asking c: a *client.Client, or in a handler's tests a
+// client.CheckerFunc playing rls.
+func New(c client.Checker, opts Options) *Limiter {
 	if opts.Deny == nil {
 		opts.Deny = WriteDenied
 	}

@@ -1,7 +1,7 @@
 // Package redis is a backend.Backend that keeps rate-limit state in Redis, shared by every replica of
 // rls: single node, Sentinel or Cluster, through github.com/redis/go-redis/v9.
 //
-// One Lua script (gcra.lua) decides a whole batch atomically, with the arithmetic of
+// One Lua script (decide.lua, its contract with Go in contract.go) decides a whole batch atomically, with the arithmetic of
 // backend.Decide and backend.Refund in integer microseconds and time from Redis TIME, so replicas
 // whose own clocks disagree still agree exactly. Each key stores only what its algorithm needs —
 // under GCRA its theoretical arrival time as an exact rational and the rate and period it was

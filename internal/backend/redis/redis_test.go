@@ -210,7 +210,7 @@ func TestScriptMatchesGo(t *testing.T) {
 		}
 		c := &j.calls[0]
 		c.multi = true // also check the check-only values and the change written, for undo
-		b.single.sendCalls(j.p.calls, time.Now().Add(5*time.Second))
+		b.single.sendCalls(j.callPtrs(), time.Now().Add(5*time.Second))
 		if c.err != nil {
 			t.Fatalf("%s: %v", desc, c.err)
 		}
@@ -236,7 +236,7 @@ func TestScriptMatchesGo(t *testing.T) {
 		if c.check[0] != check.Remaining || time.Duration(c.check[1])*time.Microsecond != check.ResetAfter {
 			t.Fatalf("%s: check-only remaining %d reset %dµs, want %+v", desc, c.check[0], c.check[1], check)
 		}
-		if err := j.undo(ctx, b, []backend.Request{req}); err != nil {
+		if err := j.undo(ctx, b, []backend.Request{req}, nil); err != nil {
 			t.Fatalf("%s: undo: %v", desc, err)
 		}
 		// Undone, the key holds what it held, as of now under l: what a check of it keeps.
@@ -506,7 +506,7 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 			if err := c.j.plan(b, c.reqs, c.out); err != nil {
 				t.Fatal(err)
 			}
-			calls = append(calls, c.j.p.calls...)
+			calls = append(calls, c.j.callPtrs()...)
 			batches = append(batches, c)
 		}
 		b.single.sendCalls(calls, time.Now().Add(5*time.Second))
@@ -515,11 +515,12 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 			wantOK, _ := m.Decide(ctx, c.reqs, want)
 			var gotOK bool
 			if len(c.j.calls) == 0 {
-				gotOK = settle(c.reqs, c.out)
+				gotOK = backend.Admitted(c.reqs, c.out)
 			} else {
+				var undo bool
 				var err error
-				if gotOK, err = c.j.settleCalls(ctx, b, c.reqs, c.out); err != nil {
-					t.Fatalf("round %d batch %d: %v", round, n, err)
+				if gotOK, undo, err = c.j.settle(c.reqs, c.out); err != nil || undo {
+					t.Fatalf("round %d batch %d: %v (undo %v: no batch of one call is undone)", round, n, err, undo)
 				}
 				if wantCharged := backend.Charged(c.reqs, want); c.j.calls[0].charged != wantCharged {
 					t.Fatalf("round %d batch %d: charged=%v, want %v", round, n, c.j.calls[0].charged, wantCharged)

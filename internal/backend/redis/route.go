@@ -1,0 +1,78 @@
+package redis
+
+// The seam between a single node and a Cluster: route puts a decision's calls into groups, one
+// per node they go to, and rerouted follows the redirects of a Cluster whose slots moved. On a
+// single node (and Sentinel) there is one group, the single node's; on a Cluster, one per master
+// that the slot map (topology.go) says owns a call's slot.
+
+// route groups j's calls by the node they go to.
+func (b *Backend) route(j *job) error {
+	j.groups = j.groups[:0]
+	if !b.cluster {
+		for k := range j.calls {
+			j.addToGroup(b.single, &j.calls[k])
+		}
+		return nil
+	}
+	t := b.topo.Load()
+	if t == nil {
+		b.requestReload(reasonNoMap)
+		return errNoSlotMap
+	}
+	for k := range j.calls {
+		n := t.owner[j.slots[k]]
+		if n == nil {
+			b.requestReload(reasonNodeDown)
+			return errUnowned
+		}
+		j.calls[k].node = n
+		j.addToGroup(n, &j.calls[k])
+	}
+	return nil
+}
+
+// rerouted regroups the calls of j that found their slot moved (MOVED or ASK: they ran nothing)
+// to the nodes their replies name, and asks for the slot map again. It reports whether there
+// were any. Off a Cluster there are no slots to follow: a redirect is an error like any other.
+func (b *Backend) rerouted(j *job) bool {
+	if !b.cluster {
+		return false
+	}
+	any := false
+	for k := range j.calls {
+		c := &j.calls[k]
+		addr, ask, ok := redirect(c.err)
+		if !ok {
+			continue
+		}
+		if !any {
+			j.groups = j.groups[:0]
+			any = true
+		}
+		if ask {
+			b.requestReload(reasonAsk)
+		} else {
+			b.requestReload(reasonMoved)
+		}
+		c.err, c.asking, c.node = nil, ask, b.nodeFor(addr)
+		j.addToGroup(c.node, c)
+	}
+	return any
+}
+
+// addToGroup adds c to the group of n, starting one with a pooled pending.
+func (j *job) addToGroup(n *node, c *call) {
+	g := 0
+	for g < len(j.groups) && j.groups[g].n != n {
+		g++
+	}
+	if g == len(j.groups) {
+		if len(j.pend) == g {
+			j.pend = append(j.pend, newPending())
+		}
+		p := j.pend[g]
+		p.calls = p.calls[:0]
+		j.groups = append(j.groups, group{n: n, p: p})
+	}
+	j.groups[g].p.calls = append(j.groups[g].p.calls, c)
+}

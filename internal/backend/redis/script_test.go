@@ -1,0 +1,491 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/internal/backend"
+)
+
+// randomLimit returns a limit that Validate accepts, drawn across the magnitudes that matter to
+// the arithmetic: rates up to 2^32, periods from 1µs to 100 years, tolerances up to the bound.
+func randomLimit(rng *rand.Rand) backend.Limit {
+	for {
+		var l backend.Limit
+		switch rng.IntN(4) {
+		case 0: // everyday limits
+			l.Rate = 1 + rng.Int64N(1000)
+			l.Period = []time.Duration{time.Second, time.Minute, time.Hour, 24 * time.Hour}[rng.IntN(4)]
+		case 1: // odd rates and periods: nothing divides evenly
+			l.Rate = 1 + rng.Int64N(1<<20)
+			l.Period = time.Duration(1+rng.Int64N(1<<40)) * time.Microsecond
+		case 2: // extremes
+			l.Rate = []int64{1, 3, 7, 1 << 31, 1<<32 - 1, 1 << 32}[rng.IntN(6)]
+			l.Period = []time.Duration{time.Microsecond, 7 * time.Microsecond, time.Second, 365 * 24 * time.Hour, backend.MaxTolerance}[rng.IntN(5)]
+		default:
+			l.Rate = 1 + rng.Int64N(1<<32)
+			l.Period = time.Duration(1+rng.Int64N(int64(backend.MaxTolerance/time.Microsecond))) * time.Microsecond
+		}
+		switch rng.IntN(3) {
+		case 0:
+			l.Burst = l.Rate
+		case 1:
+			l.Burst = 1 + rng.Int64N(100)
+		default:
+			l.Burst = 1 + rng.Int64N(1<<32)
+		}
+		if l.Validate() == nil {
+			return l
+		}
+	}
+}
+
+// randomState returns a state that some valid limit could have left at or around now.
+func randomState(rng *rand.Rand, now int64, l backend.Limit) backend.State {
+	if rng.IntN(5) == 0 {
+		l = randomLimit(rng) // written under another limit: the clamping paths
+	}
+	if rng.IntN(3) == 0 {
+		// Exactly k emission intervals ahead: the boundaries of every floor and ceiling.
+		s, _ := backend.Decide(backend.State{}, l, now-rng.Int64N(2), 1+rng.Int64N(l.Burst))
+		return s
+	}
+	span := fullSpan(l)
+	var off int64
+	if span > 0 {
+		off = rng.Int64N(2*span+1) - span
+	}
+	return backend.State{TAT: now + off, Frac: rng.Int64N(l.Rate), Rate: l.Rate, Period: int64(l.Period / time.Microsecond)}
+}
+
+// fullSpan is the time a full burst holds, in whole microseconds (rounded down).
+func fullSpan(l backend.Limit) int64 {
+	// Charging a full burst to a fresh key leaves ResetAfter = ceil(full).
+	_, d := backend.Decide(backend.State{}, l, 0, l.Burst)
+	us := int64(d.ResetAfter / time.Microsecond)
+	if us > 0 {
+		us--
+	}
+	return us
+}
+
+func randomCost(rng *rand.Rand, l backend.Limit) int64 {
+	switch rng.IntN(4) {
+	case 0:
+		return 1
+	case 1:
+		return rng.Int64N(min(l.Burst, 10) + 1)
+	case 2:
+		return l.Burst - rng.Int64N(2) + rng.Int64N(3) // around the burst, beyond it too
+	}
+	return rng.Int64N(l.Burst + 2)
+}
+
+func readState(t *testing.T, rdb goredis.UniversalClient, key string) (backend.State, bool) {
+	t.Helper()
+	v, err := rdb.Get(context.Background(), key).Result()
+	if errors.Is(err, goredis.Nil) {
+		return backend.State{}, false
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, ok := decodeState(v)
+	if !ok {
+		// The text form earlier versions stored, which the test writes too.
+		if _, err := fmt.Sscanf(v, "%d %d %d %d", &s.TAT, &s.Frac, &s.Rate, &s.Period); err != nil {
+			t.Fatalf("stored state %q: %v", v, err)
+		}
+	}
+	return s, true
+}
+
+// TestScriptMatchesGo runs the Lua script and backend.Decide/Refund on the same random states,
+// limits and costs at a fixed instant: same decisions, same stored state, and the undo of what
+// was written restores the state exactly.
+func TestScriptMatchesGo(t *testing.T) {
+	b := newTestBackend(t, singleEnv, Options{})
+	now := time.Now().UnixMicro()
+	b.scriptNow = func() int64 { return now }
+	rng := rand.New(rand.NewPCG(1, uint64(now)))
+	t.Logf("seed %d", now)
+	ctx := context.Background()
+	n := 3000
+	if testing.Short() {
+		n = 300
+	}
+	for c := range n {
+		l := randomLimit(rng)
+		var s backend.State
+		hasState := rng.IntN(6) != 0
+		if hasState {
+			s = randomState(rng, now, l)
+		}
+		cost := randomCost(rng, l)
+		refund := rng.IntN(5) == 0
+		key := "eq-" + strconv.Itoa(c)
+		stored := storedKey(b.prefix, key)
+		if hasState {
+			v := encodeState(s)
+			if rng.IntN(4) == 0 {
+				// The text form earlier versions stored is read too.
+				v = fmt.Sprintf("%d %d %d %d", s.TAT, s.Frac, s.Rate, s.Period)
+			}
+			if err := b.rdb.Set(ctx, stored, v, time.Minute).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		req := backend.Request{Key: key, Limit: l, Cost: cost, Refund: refund}
+		var wantS backend.State
+		var want backend.Decision
+		if refund {
+			wantS, want = backend.Refund(s, l, now, cost)
+		} else {
+			wantS, want = backend.Decide(s, l, now, cost)
+		}
+		desc := fmt.Sprintf("case %d: state %+v, limit %+v, cost %d, refund %v", c, s, l, cost, refund)
+
+		j := newJob()
+		out := make([]backend.Decision, 1)
+		if err := j.plan(b, []backend.Request{req}, out); err != nil {
+			t.Fatal(err)
+		}
+		c := &j.calls[0]
+		c.multi = true // also check the check-only values and the change written, for undo
+		b.single.sendCalls(j.callPtrs(), time.Now().Add(5*time.Second))
+		if c.err != nil {
+			t.Fatalf("%s: %v", desc, c.err)
+		}
+		if c.dec[0] != want {
+			t.Fatalf("%s:\n got %+v\nwant %+v", desc, c.dec[0], want)
+		}
+		if c.charged != want.Allowed {
+			t.Fatalf("%s: charged=%v, want %v", desc, c.charged, want.Allowed)
+		}
+		got, ok := readState(t, b.rdb, stored)
+		switch {
+		case !want.Allowed && hasState && (!ok || !got.Equal(s)):
+			t.Fatalf("%s: denied, but the stored state became %+v (present %v)", desc, got, ok)
+		case want.Allowed && wantS.Fresh(now) && ok:
+			t.Fatalf("%s: state fresh after the decision, but stored %+v", desc, got)
+		case want.Allowed && !wantS.Fresh(now) && (!ok || !got.Equal(wantS)):
+			t.Fatalf("%s: stored %+v (present %v), want %+v", desc, got, ok, wantS)
+		}
+		if !want.Allowed {
+			continue
+		}
+		_, check := backend.Decide(s, l, now, 0)
+		if c.check[0] != check.Remaining || time.Duration(c.check[1])*time.Microsecond != check.ResetAfter {
+			t.Fatalf("%s: check-only remaining %d reset %dµs, want %+v", desc, c.check[0], c.check[1], check)
+		}
+		if err := j.undo(ctx, b, []backend.Request{req}, nil); err != nil {
+			t.Fatalf("%s: undo: %v", desc, err)
+		}
+		// Undone, the key holds what it held, as of now under l: what a check of it keeps.
+		restored, _ := backend.Decide(s, l, now, 0)
+		got, ok = readState(t, b.rdb, stored)
+		if restored.Fresh(now) {
+			if ok {
+				t.Fatalf("%s: after undo stored %+v, want the key gone", desc, got)
+			}
+		} else if !ok || !got.Equal(restored) {
+			t.Fatalf("%s: after undo stored %+v (present %v), want %+v", desc, got, ok, restored)
+		}
+	}
+}
+
+// TestScriptMatchesDecideBatch sends random batches (repeated keys, every mode, quotas, refunds,
+// rate 0, costs above the burst) to the script at fixed instants and checks, against
+// backend.DecideBatch on the states read from Redis before each batch: the same decisions, the
+// same admission and the same states stored after it, on a single node and across Cluster
+// slots (where a refused batch's charges on other slots are undone).
+func TestScriptMatchesDecideBatch(t *testing.T) {
+	steps := 2500
+	if testing.Short() {
+		steps = 300
+	}
+	for _, tc := range []struct {
+		name, env string
+		evalOnly  bool
+	}{{"single", singleEnv, false}, {"cluster", clusterEnv, false}, {"single EVALSHA", singleEnv, true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newTestBackend(t, tc.env, Options{evalOnly: tc.evalOnly})
+			if b.fcall.Load() == tc.evalOnly {
+				t.Fatalf("calls by FCALL: %v, want %v", b.fcall.Load(), !tc.evalOnly)
+			}
+			steps := steps
+			if tc.evalOnly {
+				steps /= 5 // the same script, called another way
+			}
+			now := time.Now().UnixMicro()
+			if seed := os.Getenv("RLS_TEST_SEED"); seed != "" {
+				// Replays a run: the seed a failure logged.
+				v, err := strconv.ParseInt(seed, 10, 64)
+				if err != nil {
+					t.Fatalf("RLS_TEST_SEED: %v", err)
+				}
+				now = v
+			}
+			b.scriptNow = func() int64 { return now }
+			rng := rand.New(rand.NewPCG(2, uint64(now)))
+			t.Logf("seed %d (RLS_TEST_SEED replays it)", now)
+			keys := make([]string, 12)
+			limits := make([]backend.Limit, len(keys))
+			tokyo, err := time.LoadLocation("Asia/Tokyo")
+			if err != nil {
+				t.Fatal(err)
+			}
+			ny, err := time.LoadLocation("America/New_York")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range keys {
+				keys[i] = "batch-" + strconv.Itoa(i)
+				// Two keys of each algorithm, then two more of GCRA and of fixed_window, the
+				// odd ones under overdraft where it applies; the last two on calendar windows.
+				alg := backend.Algorithm(i / 2 % 4)
+				l := backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8),
+					Algorithm: alg, Overdraft: i%2 == 1 && (alg == backend.GCRA || alg == backend.FixedWindow)}
+				if alg != backend.GCRA {
+					l.Burst = l.Rate
+				}
+				switch i {
+				case 10:
+					l.Period, l.Window = 24*time.Hour, backend.Window{Calendar: backend.Day, Every: 1, Location: ny}
+				case 11:
+					l.Period, l.Window = 30*24*time.Hour, backend.Window{Calendar: backend.Month, Every: 1, Location: tokyo}
+				}
+				if err := l.Validate(); err != nil {
+					t.Fatal(err)
+				}
+				limits[i] = l
+			}
+			ctx := context.Background()
+			read := func() map[string]backend.State {
+				got := map[string]backend.State{}
+				for _, k := range keys {
+					if s, ok := readState(t, b.rdb, storedKey(b.prefix, k)); ok {
+						got[k] = s
+					}
+				}
+				return got
+			}
+			var multi, refused, aboveBurst, checks, debts, overdrawn, saturated int
+			for step := range steps {
+				now += rng.Int64N(300_000)
+				reqs := make([]backend.Request, 1+rng.IntN(5))
+				for i := range reqs {
+					k := rng.IntN(len(keys))
+					reqs[i] = backend.Request{Key: keys[k], Limit: limits[k], Cost: rng.Int64N(4),
+						Refund: rng.IntN(8) == 0, Mode: backend.Mode(rng.IntN(3))}
+					switch rng.IntN(40) {
+					case 0, 1:
+						reqs[i].Limit = backend.Limit{Rate: 0, Period: time.Second, Overdraft: limits[k].Overdraft}
+					case 2, 3:
+						reqs[i].Cost = limits[k].Burst + 1 + rng.Int64N(1<<20)
+					case 4:
+						// Saturates an overdraft key's debt at MaxTolerance (a GCRA one, keys 1
+						// and 9, or fixed_window's count).
+						if !limits[k].Overdraft {
+							reqs[i].Key, reqs[i].Limit = keys[1], limits[1]
+						}
+						reqs[i].Cost = 1 << 40
+					case 5:
+						// The rule changed: a debt is re-expressed (and forgiven) under it.
+						reqs[i].Limit.Rate++
+						if reqs[i].Limit.Algorithm != backend.GCRA {
+							reqs[i].Limit.Burst++
+						}
+					case 6, 7:
+						// A check of a key that may be in debt.
+						reqs[i].Cost, reqs[i].Refund = 0, false
+					}
+					if reqs[i].Cost > reqs[i].Limit.Burst {
+						aboveBurst++
+					}
+					if reqs[i].Cost == 0 && !reqs[i].Refund {
+						checks++
+					}
+				}
+				before := read()
+				states := make([]backend.State, len(reqs))
+				for i, r := range reqs {
+					states[i] = before[r.Key]
+				}
+				want := make([]backend.Decision, len(reqs))
+				next := make([]backend.State, len(reqs))
+				wantCharged := backend.DecideBatch(states, reqs, now, want, next)
+				wantOK := backend.Admitted(reqs, want)
+				for i, r := range reqs {
+					if r.OverdraftCharge() && !want[i].Allowed && wantCharged {
+						overdrawn++
+					}
+					if r.Limit.Overdraft && r.Limit.Algorithm == backend.FixedWindow && states[i].Alg == backend.FixedWindow && !states[i].Fresh(now) && states[i].Frac > r.Limit.Rate {
+						debts++
+					}
+					if r.Limit.Overdraft && r.Limit.Algorithm == backend.GCRA && r.Limit.Rate > 0 && !states[i].Fresh(now) && states[i].TAT-now > r.Limit.Period.Microseconds()*r.Limit.Burst/r.Limit.Rate {
+						debts++
+						if states[i].TAT-now >= int64(backend.MaxTolerance/time.Microsecond)-int64(10*time.Minute/time.Microsecond) {
+							saturated++
+						}
+					}
+				}
+				got := make([]backend.Decision, len(reqs))
+				gotOK, err := b.Decide(ctx, reqs, got)
+				if err != nil {
+					t.Fatalf("step %d: %v", step, err)
+				}
+				if j := newJob(); j.plan(b, reqs, make([]backend.Decision, len(reqs))) == nil && len(j.calls) > 1 {
+					multi++
+				}
+				if !wantCharged {
+					refused++
+				}
+				if gotOK != wantOK || fmt.Sprint(got) != fmt.Sprint(want) {
+					t.Fatalf("step %d: batch %+v\n got %v %+v\nwant %v %+v", step, reqs, gotOK, got, wantOK, want)
+				}
+				// The states stored: what DecideBatch says of each key's last occurrence, or,
+				// refused, what was there. An undone charge may leave a key that held no usage
+				// deleted rather than as it was: compare what each key holds now.
+				wantStored := maps.Clone(before)
+				if wantCharged {
+					for i, r := range reqs {
+						if r.Limit.Rate == 0 {
+							continue
+						}
+						wantStored[r.Key] = next[i]
+					}
+				}
+				after := read()
+				// A batch that changed a key's rule and was undone across slots leaves the key
+				// as the new rule sees it (a debt under the old one forgiven): compare it so.
+				changed := map[string]backend.Limit{}
+				for _, r := range reqs {
+					if r.Limit.Rate > 0 {
+						changed[r.Key] = r.Limit
+					}
+				}
+				for k, l := range limits {
+					w, g := wantStored[keys[k]], after[keys[k]]
+					if c, ok := changed[keys[k]]; ok && c != l && !wantCharged {
+						l = c
+					}
+					_, wd := backend.Decide(w, l, now, 0)
+					_, gd := backend.Decide(g, l, now, 0)
+					exact := wantCharged || len(j(b, reqs)) == 1
+					if (exact && !w.Fresh(now) && !g.Equal(w)) || wd != gd {
+						t.Fatalf("step %d: key %s stored %+v, want %+v (batch %+v, charged %v)", step, keys[k], g, w, reqs, wantCharged)
+					}
+				}
+			}
+			t.Logf("%d batches, %d refused, %d spanning slots, %d requests above their burst, %d checks, %d requests on keys in debt (%d saturated), %d charged into debt",
+				steps, refused, multi, aboveBurst, checks, debts, saturated, overdrawn)
+			if tc.env == clusterEnv && multi < steps/3 {
+				t.Fatalf("only %d batches spanned slots", multi)
+			}
+			if !testing.Short() && (checks < steps/4 || debts < steps/10 || saturated == 0 || overdrawn < steps/20) {
+				t.Fatalf("the batches exercised too little: %d checks, %d on keys in debt, %d saturated, %d charged into debt", checks, debts, saturated, overdrawn)
+			}
+		})
+	}
+}
+
+// j plans reqs and returns its script calls.
+func j(b *Backend, reqs []backend.Request) []call {
+	jb := newJob()
+	if err := jb.plan(b, reqs, make([]backend.Decision, len(reqs))); err != nil {
+		panic(err)
+	}
+	return jb.calls
+}
+
+// TestMergedBatchesMatchMemory merges random batches into one script call, as coalescing does on
+// a single node, and decides them one after another on the memory backend at the same instant:
+// the same decisions and admissions, with keys shared across batches and refused batches
+// between admitted ones, and the same state afterwards for the rounds that follow.
+func TestMergedBatchesMatchMemory(t *testing.T) {
+	b := newTestBackend(t, singleEnv, Options{Coalesce: 8})
+	now := time.Now().UnixMicro()
+	b.scriptNow = func() int64 { return now }
+	m, err := backend.NewMemory(backend.MemoryOptions{Now: func() time.Time { return time.UnixMicro(now) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(3, uint64(now)))
+	t.Logf("seed %d", now)
+	keys := make([]string, 6)
+	limits := make([]backend.Limit, len(keys))
+	for i := range keys {
+		keys[i] = "merged-" + strconv.Itoa(i)
+		limits[i] = backend.Limit{Rate: 1 + rng.Int64N(20), Period: time.Duration(1+rng.Int64N(5)) * time.Second, Burst: 1 + rng.Int64N(8),
+			Overdraft: i%2 == 1}
+	}
+	ctx := context.Background()
+	refusedBetween := 0
+	for round := range 400 {
+		now += rng.Int64N(500_000)
+		type batch struct {
+			reqs []backend.Request
+			j    *job
+			out  []backend.Decision
+		}
+		var batches []*batch
+		var calls []*call
+		for range 2 + rng.IntN(6) {
+			c := &batch{reqs: make([]backend.Request, 1+rng.IntN(4)), j: newJob()}
+			for i := range c.reqs {
+				k := rng.IntN(len(keys))
+				c.reqs[i] = backend.Request{Key: keys[k], Limit: limits[k], Cost: rng.Int64N(4),
+					Refund: rng.IntN(8) == 0, Mode: backend.Mode(rng.IntN(3))}
+				switch rng.IntN(20) {
+				case 0:
+					c.reqs[i].Limit = backend.Limit{Rate: 0, Period: time.Second}
+				case 1:
+					c.reqs[i].Cost = limits[k].Burst + 1 + rng.Int64N(100) // into debt under overdraft
+				}
+			}
+			c.out = make([]backend.Decision, len(c.reqs))
+			if err := c.j.plan(b, c.reqs, c.out); err != nil {
+				t.Fatal(err)
+			}
+			calls = append(calls, c.j.callPtrs()...)
+			batches = append(batches, c)
+		}
+		b.single.sendCalls(calls, time.Now().Add(5*time.Second))
+		for n, c := range batches {
+			want := make([]backend.Decision, len(c.reqs))
+			wantOK, _ := m.Decide(ctx, c.reqs, want)
+			var gotOK bool
+			if len(c.j.calls) == 0 {
+				gotOK = backend.Admitted(c.reqs, c.out)
+			} else {
+				var undo bool
+				var err error
+				if gotOK, undo, err = c.j.settle(c.reqs, c.out); err != nil || undo {
+					t.Fatalf("round %d batch %d: %v (undo %v: no batch of one call is undone)", round, n, err, undo)
+				}
+				if wantCharged := backend.Charged(c.reqs, want); c.j.calls[0].charged != wantCharged {
+					t.Fatalf("round %d batch %d: charged=%v, want %v", round, n, c.j.calls[0].charged, wantCharged)
+				}
+			}
+			if gotOK != wantOK || fmt.Sprint(c.out) != fmt.Sprint(want) {
+				t.Fatalf("round %d batch %d: %+v\n got %v %+v\nwant %v %+v", round, n, c.reqs, gotOK, c.out, wantOK, want)
+			}
+			if !wantOK && n > 0 && n < len(batches)-1 {
+				refusedBetween++
+			}
+		}
+	}
+	if refusedBetween < 50 {
+		t.Fatalf("only %d refused batches between others", refusedBetween)
+	}
+}

@@ -269,16 +269,7 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 				}
 				limits[i] = l
 			}
-			ctx := context.Background()
-			read := func() map[string]backend.State {
-				got := map[string]backend.State{}
-				for _, k := range keys {
-					if s, ok := readState(t, b.rdb, storedKey(b.prefix, k)); ok {
-						got[k] = s
-					}
-				}
-				return got
-			}
+			check := batchCheck{t: t, b: b, keys: keys, limits: limits}
 			var multi, refused, aboveBurst, checks, debts, overdrawn, saturated int
 			for step := range steps {
 				now += rng.Int64N(300_000)
@@ -316,15 +307,7 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 						checks++
 					}
 				}
-				before := read()
-				states := make([]backend.State, len(reqs))
-				for i, r := range reqs {
-					states[i] = before[r.Key]
-				}
-				want := make([]backend.Decision, len(reqs))
-				next := make([]backend.State, len(reqs))
-				wantCharged := backend.DecideBatch(states, reqs, now, want, next)
-				wantOK := backend.Admitted(reqs, want)
+				states, want, wantCharged := check.batch(step, reqs, now)
 				for i, r := range reqs {
 					if r.OverdraftCharge() && !want[i].Allowed && wantCharged {
 						overdrawn++
@@ -339,52 +322,11 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 						}
 					}
 				}
-				got := make([]backend.Decision, len(reqs))
-				gotOK, err := b.Decide(ctx, reqs, got)
-				if err != nil {
-					t.Fatalf("step %d: %v", step, err)
-				}
 				if j := newJob(); j.plan(b, reqs, make([]backend.Decision, len(reqs))) == nil && len(j.calls) > 1 {
 					multi++
 				}
 				if !wantCharged {
 					refused++
-				}
-				if gotOK != wantOK || fmt.Sprint(got) != fmt.Sprint(want) {
-					t.Fatalf("step %d: batch %+v\n got %v %+v\nwant %v %+v", step, reqs, gotOK, got, wantOK, want)
-				}
-				// The states stored: what DecideBatch says of each key's last occurrence, or,
-				// refused, what was there. An undone charge may leave a key that held no usage
-				// deleted rather than as it was: compare what each key holds now.
-				wantStored := maps.Clone(before)
-				if wantCharged {
-					for i, r := range reqs {
-						if r.Limit.Rate == 0 {
-							continue
-						}
-						wantStored[r.Key] = next[i]
-					}
-				}
-				after := read()
-				// A batch that changed a key's rule and was undone across slots leaves the key
-				// as the new rule sees it (a debt under the old one forgiven): compare it so.
-				changed := map[string]backend.Limit{}
-				for _, r := range reqs {
-					if r.Limit.Rate > 0 {
-						changed[r.Key] = r.Limit
-					}
-				}
-				for k, l := range limits {
-					w, g := wantStored[keys[k]], after[keys[k]]
-					if c, ok := changed[keys[k]]; ok && c != l && !wantCharged {
-						l = c
-					}
-					_, wd := backend.Decide(w, l, now, 0)
-					_, gd := backend.Decide(g, l, now, 0)
-					exact := wantCharged || len(j(b, reqs)) == 1
-					if (exact && !w.Fresh(now) && !g.Equal(w)) || wd != gd {
-						t.Fatalf("step %d: key %s stored %+v, want %+v (batch %+v, charged %v)", step, keys[k], g, w, reqs, wantCharged)
-					}
 				}
 			}
 			t.Logf("%d batches, %d refused, %d spanning slots, %d requests above their burst, %d checks, %d requests on keys in debt (%d saturated), %d charged into debt",
@@ -397,6 +339,86 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 			}
 		})
 	}
+}
+
+// batchCheck compares the batches a backend decides with backend.DecideBatch on the states read
+// from Redis before each: the same decisions, the same admission and the same states stored
+// after it.
+type batchCheck struct {
+	t      *testing.T
+	b      *Backend
+	keys   []string        // every key the batches use
+	limits []backend.Limit // per key, the limit its stored state is compared under
+}
+
+// read returns the states the keys hold.
+func (c *batchCheck) read() map[string]backend.State {
+	got := map[string]backend.State{}
+	for _, k := range c.keys {
+		if s, ok := readState(c.t, c.b.rdb, storedKey(c.b.prefix, k)); ok {
+			got[k] = s
+		}
+	}
+	return got
+}
+
+// batch decides reqs on the backend, whose script decides at now, and by DecideBatch, and fails
+// the test on any difference. It returns the states the batch found, DecideBatch's decisions and
+// whether it charged the batch.
+func (c *batchCheck) batch(step int, reqs []backend.Request, now int64) ([]backend.State, []backend.Decision, bool) {
+	t, b := c.t, c.b
+	t.Helper()
+	before := c.read()
+	states := make([]backend.State, len(reqs))
+	for i, r := range reqs {
+		states[i] = before[r.Key]
+	}
+	want := make([]backend.Decision, len(reqs))
+	next := make([]backend.State, len(reqs))
+	wantCharged := backend.DecideBatch(states, reqs, now, want, next)
+	wantOK := backend.Admitted(reqs, want)
+	got := make([]backend.Decision, len(reqs))
+	gotOK, err := b.Decide(context.Background(), reqs, got)
+	if err != nil {
+		t.Fatalf("step %d: %v", step, err)
+	}
+	if gotOK != wantOK || fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("step %d: batch %+v\n got %v %+v\nwant %v %+v", step, reqs, gotOK, got, wantOK, want)
+	}
+	// The states stored: what DecideBatch says of each key's last occurrence, or,
+	// refused, what was there. An undone charge may leave a key that held no usage
+	// deleted rather than as it was: compare what each key holds now.
+	wantStored := maps.Clone(before)
+	if wantCharged {
+		for i, r := range reqs {
+			if r.Limit.Rate == 0 {
+				continue
+			}
+			wantStored[r.Key] = next[i]
+		}
+	}
+	after := c.read()
+	// A batch that changed a key's rule and was undone across slots leaves the key
+	// as the new rule sees it (a debt under the old one forgiven): compare it so.
+	changed := map[string]backend.Limit{}
+	for _, r := range reqs {
+		if r.Limit.Rate > 0 {
+			changed[r.Key] = r.Limit
+		}
+	}
+	for k, l := range c.limits {
+		w, g := wantStored[c.keys[k]], after[c.keys[k]]
+		if nl, ok := changed[c.keys[k]]; ok && nl != l && !wantCharged {
+			l = nl
+		}
+		_, wd := backend.Decide(w, l, now, 0)
+		_, gd := backend.Decide(g, l, now, 0)
+		exact := wantCharged || len(j(b, reqs)) == 1
+		if (exact && !w.Fresh(now) && !g.Equal(w)) || wd != gd {
+			t.Fatalf("step %d: key %s stored %+v, want %+v (batch %+v, charged %v)", step, c.keys[k], g, w, reqs, wantCharged)
+		}
+	}
+	return states, want, wantCharged
 }
 
 // j plans reqs and returns its script calls.
@@ -487,5 +509,203 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 	}
 	if refusedBetween < 50 {
 		t.Fatalf("only %d refused batches between others", refusedBetween)
+	}
+}
+
+// randomWindowLimit returns a window limit that Validate accepts, at the extremes it allows:
+// rates from 1 to 2^32 (sliding_log's to MaxLogRate), periods from 1 µs (1 ms for
+// sliding_window) to MaxTolerance, fixed windows from an offset or on a calendar in one of locs,
+// overdraft or not.
+func randomWindowLimit(rng *rand.Rand, locs []*time.Location) backend.Limit {
+	const day = 24 * time.Hour
+	for {
+		l := backend.Limit{Algorithm: backend.FixedWindow + backend.Algorithm(rng.IntN(3))}
+		rates := []int64{1, 2, 3, 1000, 1 << 20, 1e9, 1 << 32}
+		if l.Algorithm == backend.SlidingLog {
+			rates = []int64{1, 2, 7, 999, backend.MaxLogRate}
+		}
+		l.Rate = rates[rng.IntN(len(rates))]
+		if rng.IntN(4) == 0 {
+			l.Rate = 1 + rng.Int64N(l.Rate) // odd rates between
+		}
+		l.Burst = l.Rate
+		periods := []time.Duration{time.Microsecond, 7 * time.Microsecond, time.Millisecond, 7 * time.Millisecond, time.Second,
+			time.Hour, 30 * day, 365 * day, 10 * 365 * day, backend.MaxTolerance}
+		l.Period = periods[rng.IntN(len(periods))]
+		if rng.IntN(4) == 0 {
+			l.Period = time.Duration(1+rng.Int64N(int64(l.Period/time.Microsecond))) * time.Microsecond
+		}
+		if l.Algorithm == backend.SlidingWindow {
+			l.Period = max(l.Period.Truncate(time.Millisecond), time.Millisecond)
+		}
+		if l.Algorithm == backend.FixedWindow {
+			l.Overdraft = rng.IntN(3) == 0
+			switch rng.IntN(3) {
+			case 0:
+				l.Window.Offset = rng.Int64N(int64(l.Period / time.Microsecond))
+			case 1:
+				unit := backend.Day + backend.Calendar(rng.IntN(4))
+				every := 1 + rng.Int64N(3)
+				l.Window = backend.Window{Calendar: unit, Every: every, Location: locs[rng.IntN(len(locs))]}
+				l.Period = time.Duration(every) * map[backend.Calendar]time.Duration{backend.Day: day, backend.Week: 7 * day,
+					backend.Month: 30 * day, backend.Year: 365 * day}[unit]
+			}
+		}
+		if l.Validate() == nil {
+			return l
+		}
+	}
+}
+
+// randomWindowCost returns a cost around what matters under l: none, one, a few, half the rate,
+// about the rate, above it, and under overdraft a charge far beyond.
+func randomWindowCost(rng *rand.Rand, l backend.Limit) int64 {
+	switch rng.IntN(7) {
+	case 0:
+		return 0
+	case 1:
+		return 1
+	case 2:
+		return rng.Int64N(min(l.Rate, 10) + 1)
+	case 3:
+		return l.Rate/2 + rng.Int64N(2)
+	case 4:
+		return l.Rate - rng.Int64N(2) + rng.Int64N(3)
+	case 5:
+		if l.Overdraft {
+			return 1 << 40
+		}
+	}
+	return l.Rate + 1 + rng.Int64N(1<<20)
+}
+
+// TestWindowScriptMatchesDecideBatch sends random batches under the window algorithms at the
+// extremes Validate allows (see randomWindowLimit) to the script, at instants on and around
+// their edges: the end of a key's window, a month's and a year's end, a change of daylight
+// saving time in the zones of the calendar windows; rls's clock up to a second from Redis's,
+// either way. Each batch is checked against
+// backend.DecideBatch as in TestScriptMatchesDecideBatch, on a single node and across Cluster
+// slots.
+func TestWindowScriptMatchesDecideBatch(t *testing.T) {
+	var locs []*time.Location
+	for _, name := range []string{"UTC", "Europe/Paris", "America/New_York", "Australia/Lord_Howe", "Asia/Kathmandu"} {
+		loc, err := time.LoadLocation(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		locs = append(locs, loc)
+	}
+	paris, ny, lordHowe := locs[1], locs[2], locs[3]
+	// The instants each run starts just before: daylight saving time begins and ends (Lord Howe
+	// moves by half an hour), a month's end, a year's end, each in its zone.
+	starts := []time.Time{
+		time.Date(2026, 3, 29, 1, 59, 59, 0, paris),
+		time.Date(2026, 11, 1, 1, 59, 59, 0, ny),
+		time.Date(2026, 4, 5, 1, 59, 59, 0, lordHowe),
+		time.Date(2026, 2, 28, 23, 59, 59, 0, locs[4]),
+		time.Date(2026, 12, 31, 23, 59, 59, 0, time.UTC),
+	}
+	steps := 1500
+	if testing.Short() {
+		steps = 200
+	}
+	for _, tc := range []struct{ name, env string }{{"single", singleEnv}, {"cluster", clusterEnv}} {
+		t.Run(tc.name, func(t *testing.T) {
+			seed := time.Now().UnixNano()
+			if s := os.Getenv("RLS_TEST_SEED"); s != "" {
+				v, err := strconv.ParseInt(s, 10, 64)
+				if err != nil {
+					t.Fatalf("RLS_TEST_SEED: %v", err)
+				}
+				seed = v
+			}
+			t.Logf("seed %d (RLS_TEST_SEED replays it)", seed)
+			rng := rand.New(rand.NewPCG(4, uint64(seed)))
+			// The script decides at now; rls computes the calendar windows around it on its own
+			// clock, now + skew (see TestCalendarWindowClockSkew).
+			var now, skew int64
+			b := newTestBackend(t, tc.env, Options{Now: func() time.Time { return time.UnixMicro(now + skew) }})
+			b.scriptNow = func() int64 { return now }
+			var edges, crossed, denied, calendar, huge, long, short int
+			for run, start := range starts {
+				now = start.UnixMicro() - rng.Int64N(5_000_000)
+				keys := make([]string, 8)
+				limits := make([]backend.Limit, len(keys))
+				for i := range keys {
+					keys[i] = fmt.Sprintf("window-%d-%d", run, i)
+					limits[i] = randomWindowLimit(rng, locs)
+					if i < 2 {
+						// A day's and a month's (a year's) fixed windows in the zone of the
+						// edge the run starts at, so that the run crosses it on a calendar.
+						unit := backend.Day
+						if i == 1 {
+							unit = []backend.Calendar{backend.Month, backend.Year}[rng.IntN(2)]
+						}
+						limits[i].Algorithm, limits[i].Burst = backend.FixedWindow, limits[i].Rate
+						limits[i].Period = 24 * time.Hour
+						limits[i].Window = backend.Window{Calendar: unit, Every: 1, Location: start.Location()}
+					}
+					for limits[i].Rate < 1e9 && i == 2 || (limits[i].Algorithm != backend.SlidingLog || limits[i].Rate < backend.MaxLogRate) && i == 3 {
+						// The highest rates: a window's, a log's.
+						limits[i] = randomWindowLimit(rng, locs)
+					}
+					if limits[i].Window.Calendar != backend.NoCalendar {
+						calendar++
+					}
+					if limits[i].Rate >= 1e9 {
+						huge++
+					}
+					if limits[i].Period >= 365*24*time.Hour {
+						long++
+					}
+					if limits[i].Period <= time.Millisecond {
+						short++
+					}
+				}
+				check := batchCheck{t: t, b: b, keys: keys, limits: limits}
+				for step := range steps / len(starts) {
+					switch rng.IntN(8) {
+					case 0:
+						// Just before the end of some key's window, of at most a year: the next
+						// steps cross it.
+						l := limits[rng.IntN(len(limits))]
+						if _, end := l.Bounds(now); end-now <= int64(366*24*time.Hour/time.Microsecond) {
+							now = end - rng.Int64N(3)
+							edges++
+						}
+					case 1:
+						now += rng.Int64N(1 << 30) // up to 18 minutes
+					default:
+						now += rng.Int64N(3000)
+					}
+					skew = 0
+					if rng.IntN(2) == 0 {
+						skew = rng.Int64N(2_000_001) - 1_000_000
+					}
+					reqs := make([]backend.Request, 1+rng.IntN(4))
+					for i := range reqs {
+						k := rng.IntN(len(keys))
+						reqs[i] = backend.Request{Key: keys[k], Limit: limits[k], Cost: randomWindowCost(rng, limits[k]),
+							Refund: rng.IntN(8) == 0, Mode: backend.Mode(rng.IntN(3))}
+					}
+					states, want, _ := check.batch(step, reqs, now)
+					for i, r := range reqs {
+						if !want[i].Allowed {
+							denied++
+						}
+						if s := states[i]; s.Alg == r.Limit.Algorithm && s.Alg != backend.SlidingLog && !s.Fresh(now) {
+							if _, end := r.Limit.Bounds(now); s.TAT != end {
+								crossed++ // a state left by an earlier window
+							}
+						}
+					}
+				}
+			}
+			t.Logf("%d limits on calendars, %d at rates of 1e9 or more, %d of a year or more, %d of 1 ms or less; %d jumps to a window's end, %d requests on a state of an earlier window, %d denied",
+				calendar, huge, long, short, edges, crossed, denied)
+			if !testing.Short() && (huge == 0 || long == 0 || short == 0 || edges < steps/20 || crossed < steps/100 || denied < steps/10) {
+				t.Fatal("the batches exercised too little")
+			}
+		})
 	}
 }

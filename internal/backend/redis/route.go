@@ -1,9 +1,65 @@
 package redis
 
-// The seam between a single node and a Cluster: route puts a decision's calls into groups, one
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+)
+
+// Where a request goes: its key's name in Redis (storedKey) and, on a Cluster, its slot; then
+// the seam between a single node and a Cluster: route puts a decision's calls into groups, one
 // per node they go to, and rerouted follows the redirects of a Cluster whose slots moved. On a
 // single node (and Sentinel) there is one group, the single node's; on a Cluster, one per master
 // that the slot map (topology.go) says owns a call's slot.
+
+// maxRawKey is the longest key stored as it is; longer keys are stored by their SHA-256.
+const maxRawKey = 200
+
+const hashedMark = "sha256:"
+
+// storedKey is the Redis key name of key under prefix. The mapping is injective: a long key (or
+// one that looks hashed) becomes "sha256:" and its hash; a key holding '{' gets a leading "{}",
+// the empty hash tag, so that Redis Cluster hashes the whole name and a value sent by a client
+// cannot pin keys to one slot; any other key is kept as it is.
+func storedKey(prefix, key string) string {
+	switch {
+	case len(key) > maxRawKey || strings.HasPrefix(key, hashedMark):
+		sum := sha256.Sum256([]byte(key))
+		return prefix + hashedMark + hex.EncodeToString(sum[:])
+	case strings.IndexByte(key, '{') >= 0:
+		return prefix + "{}" + key
+	}
+	return prefix + key
+}
+
+// slotCount is the number of Redis Cluster hash slots.
+const slotCount = 16384
+
+// slot returns the Redis Cluster hash slot of key: CRC16 (XMODEM) of the key, or of its hash tag
+// (the text between the first '{' and the next '}', when not empty), modulo 16384.
+func slot(key string) int {
+	if i := strings.IndexByte(key, '{'); i >= 0 {
+		if j := strings.IndexByte(key[i+1:], '}'); j > 0 {
+			key = key[i+1 : i+1+j]
+		}
+	}
+	return int(crc16(key) % slotCount)
+}
+
+func crc16(s string) uint16 {
+	var crc uint16
+	for i := 0; i < len(s); i++ {
+		crc ^= uint16(s[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return crc
+}
 
 // route groups j's calls by the node they go to.
 func (b *Backend) route(j *job) error {

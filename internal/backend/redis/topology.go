@@ -132,9 +132,9 @@ func (b *Backend) reloadTopology(ctx context.Context) error {
 	return nil
 }
 
-// fetchSlots asks every node it knows of (the seeds, the masters and replicas of the map) for
-// the slot map, at once, and takes the view most of those answering within fetchLinger of the
-// first hold: a node that is back from a pause may still tell its old view for a moment.
+// fetchSlots asks every node it knows of (the URL's seed nodes, the masters and replicas of the
+// map) for the slot map, at once, and takes the view most of those answering within fetchLinger
+// of the first hold: a node that is back from a pause may still tell its old view for a moment.
 func (b *Backend) fetchSlots(ctx context.Context) ([]goredis.ClusterSlot, error) {
 	asked := b.askable()
 	type answer struct {
@@ -201,7 +201,8 @@ func (b *Backend) fetchSlots(ctx context.Context) ([]goredis.ClusterSlot, error)
 	return views[best], nil
 }
 
-// askable returns the nodes a fetch asks: the seeds, then the map's masters and replicas.
+// askable returns the nodes a fetch asks: the URL's seed nodes, then the map's masters and
+// replicas.
 func (b *Backend) askable() []string {
 	seen := map[string]bool{}
 	var out []string

@@ -560,23 +560,12 @@ func randomWindowLimit(rng *rand.Rand, locs []*time.Location) backend.Limit {
 // randomWindowCost returns a cost around what matters under l: none, one, a few, half the rate,
 // about the rate, above it, and under overdraft a charge far beyond.
 func randomWindowCost(rng *rand.Rand, l backend.Limit) int64 {
-	switch rng.IntN(7) {
-	case 0:
-		return 0
-	case 1:
-		return 1
-	case 2:
-		return rng.Int64N(min(l.Rate, 10) + 1)
-	case 3:
-		return l.Rate/2 + rng.Int64N(2)
-	case 4:
-		return l.Rate - rng.Int64N(2) + rng.Int64N(3)
-	case 5:
-		if l.Overdraft {
-			return 1 << 40
-		}
+	costs := []int64{0, 1, rng.Int64N(min(l.Rate, 10) + 1), l.Rate/2 + rng.Int64N(2), l.Rate - rng.Int64N(2) + rng.Int64N(3),
+		l.Rate + 1 + rng.Int64N(1<<20)}
+	if l.Overdraft {
+		costs = append(costs, 1<<40)
 	}
-	return l.Rate + 1 + rng.Int64N(1<<20)
+	return costs[rng.IntN(len(costs))]
 }
 
 // TestWindowScriptMatchesDecideBatch sends random batches under the window algorithms at the

@@ -858,7 +858,7 @@ local function refuses(L, cost, refunds)
 end
 
 -- The batch rule, restated: backend.Charged (internal/backend/backend.go) over the part of the
--- batch this call holds, with the quota threshold job.plan (plan.go) computed for it from the
+-- batch this call holds, with the quota threshold job.plan (decide.go) computed for it from the
 -- rest. single and batch below apply it; TestScriptMatchesDecideBatch and
 -- TestMergedBatchesMatchMemory (script_test.go) hold it equal to backend.DecideBatch.
 --

@@ -46,7 +46,8 @@ const (
 	stateAbandoned        // its caller left while in flight: the sender drops it
 )
 
-// pending is one Decide call's script calls, reused across decisions (see job).
+// pending is the script calls of one Decide that go to one node, reused across decisions (see
+// job and its groups).
 type pending struct {
 	calls    []*call
 	wake     chan struct{} // buffered 1: signalled when state becomes stateDone

@@ -1,9 +1,9 @@
 // Package redis is a backend.Backend that keeps rate-limit state in Redis, shared by every replica of
 // rls: single node, Sentinel or Cluster, through github.com/redis/go-redis/v9.
 //
-// One Lua script (gcra.lua) decides a whole batch atomically, with the arithmetic of
-// backend.Decide and backend.Refund in integer microseconds and time from Redis TIME, so replicas
-// whose own clocks disagree still agree exactly. Each key stores only what its algorithm needs —
+// One Lua script (decide.lua; its contract with Go is contract.go) decides a whole batch
+// atomically, with the arithmetic of backend.Decide and backend.Refund in integer microseconds
+// and time from Redis TIME, so replicas whose own clocks disagree still agree exactly. Each key stores only what its algorithm needs —
 // under GCRA its theoretical arrival time as an exact rational and the rate and period it was
 // computed under; a window's end and counts; a sliding log's instants — and expires at its
 // reset, so an idle key costs nothing.
@@ -12,6 +12,10 @@
 // script call. On a Cluster the keys are spread over slots, so a batch is split into one script
 // call per slot, sent to each slot's master; when one slot refuses the batch, the charges the
 // others made are undone in a second round trip (the only case with two).
+//
+// A decision runs top to bottom in decide.go: the local cache, the plan, the send (route.go is
+// the one seam between a single node and a Cluster), the settle, the undo, what the cache
+// learns.
 //
 // Each master (the single node, Sentinel's master, each master of a Cluster) is a node with its
 // own pipelines, circuit breaker, probe and health check (node.go): a master that fails or

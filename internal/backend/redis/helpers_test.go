@@ -137,3 +137,12 @@ func keysOnTwoMasters(t *testing.T, b *Backend, prefix string) (string, string) 
 		}
 	}
 }
+
+// callPtrs returns j's calls, as a node's sender takes them.
+func (j *job) callPtrs() []*call {
+	calls := make([]*call, len(j.calls))
+	for k := range j.calls {
+		calls[k] = &j.calls[k]
+	}
+	return calls
+}

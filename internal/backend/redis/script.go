@@ -17,10 +17,14 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 )
 
-// scriptCode defines the script's functions and run, which runs one call.
+// decideLua defines the script's functions and run, which runs one call; it reads the
+// contract (contract.go) from the constants luaConstants renders before it.
 //
-//go:embed gcra.lua
-var scriptCode string
+//go:embed decide.lua
+var decideLua string
+
+// scriptCode is the script's definitions: the contract's constants, then decide.lua.
+var scriptCode = luaConstants() + decideLua
 
 // scriptSource is the script as EVAL runs it: the definitions, then the call.
 var scriptSource = scriptCode + "return run(KEYS, ARGV)\n"

@@ -132,9 +132,9 @@ func (b *Backend) reloadTopology(ctx context.Context) error {
 	return nil
 }
 
-// fetchSlots asks every node it knows of (the seeds, the masters and replicas of the map) for
-// the slot map, at once, and takes the view most of those answering within fetchLinger of the
-// first hold: a node that is back from a pause may still tell its old view for a moment.
+// fetchSlots asks every node it knows of (the URL's seed nodes, the masters and replicas of the
+// map) for the slot map, at once, and takes the view most of those answering within fetchLinger
+// of the first hold: a node that is back from a pause may still tell its old view for a moment.
 func (b *Backend) fetchSlots(ctx context.Context) ([]goredis.ClusterSlot, error) {
 	asked := b.askable()
 	type answer struct {
@@ -201,7 +201,8 @@ func (b *Backend) fetchSlots(ctx context.Context) ([]goredis.ClusterSlot, error)
 	return views[best], nil
 }
 
-// askable returns the nodes a fetch asks: the seeds, then the map's masters and replicas.
+// askable returns the nodes a fetch asks: the URL's seed nodes, then the map's masters and
+// replicas.
 func (b *Backend) askable() []string {
 	seen := map[string]bool{}
 	var out []string
@@ -380,42 +381,4 @@ func (b *Backend) epochKeyOf(n *node) string {
 		}
 	}
 	return ""
-}
-
-// route groups j's calls by the master of their slots, in t.
-func (j *job) route(t *topology) error {
-	j.groups = j.groups[:0]
-	for k := range j.calls {
-		n := t.owner[j.slots[k]]
-		if n == nil {
-			return errUnowned
-		}
-		j.calls[k].node = n
-		j.addToGroup(n, &j.calls[k])
-	}
-	return nil
-}
-
-// addToGroup adds c to the group of n, starting one with a pooled pending.
-func (j *job) addToGroup(n *node, c *call) {
-	g := 0
-	for g < len(j.groups) && j.groups[g].n != n {
-		g++
-	}
-	if g == len(j.groups) {
-		if len(j.pend) == g {
-			j.pend = append(j.pend, newPending())
-		}
-		p := j.pend[g]
-		p.calls = p.calls[:0]
-		j.groups = append(j.groups, group{n: n, p: p})
-	}
-	j.groups[g].p.calls = append(j.groups[g].p.calls, c)
-}
-
-// group is the calls of a decision that go to one node.
-type group struct {
-	n   *node
-	p   *pending
-	res waitResult
 }

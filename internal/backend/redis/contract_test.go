@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -37,7 +38,7 @@ func plain(args []any) []any {
 	return out
 }
 
-// TestWireFormat pins the format gcra.lua's header describes: the arguments of each operation
+// TestWireFormat pins the format contract.go describes: the arguments of each operation
 // and how each reply reads.
 func TestWireFormat(t *testing.T) {
 	l := limit.Limit{Rate: 7, Period: 3 * time.Second, Burst: 5}
@@ -121,7 +122,7 @@ func TestWireFormat(t *testing.T) {
 				keys = append(keys, c.keys[n])
 			}
 		}
-		wantVals := doublesOf(7, 3e6, 5, 428571, 3, 0, 0) + doublesOf(4, 60e6, 4, 0, 9, 6, 2, 1e6, 1, 2e6, 2)
+		wantVals := doublesOf(7, 3e6, 5, 428571, 3, 0, 0) + doublesOf(4, 60e6, 4, 0, 9, 1+48, 2, 1e6, 1, 2e6, 2)
 		if string(vals) != wantVals {
 			t.Fatalf("undo values %x, want %x", vals, wantVals)
 		}
@@ -225,4 +226,138 @@ func TestWireFormat(t *testing.T) {
 			}
 		}
 	})
+}
+
+// TestContract holds decide.lua to contract.go: the script reads every position, format and
+// bit by the constants luaConstants renders (none written again, none written as a number),
+// unpacks and packs each record in the order contract.go names its fields, and reads every
+// constant the contract names. Moving a field or a position on one side only fails here.
+func TestContract(t *testing.T) {
+	if !strings.HasPrefix(scriptCode, luaConstants()) || !strings.HasSuffix(scriptCode, decideLua) {
+		t.Fatal("the script is not the contract's constants followed by decide.lua")
+	}
+	fields := map[string][]string{}
+	for _, r := range records {
+		seen := map[string]bool{}
+		for i, f := range r.fields {
+			if f == "" || seen[f] {
+				t.Errorf("contract.go: record %s field %d is %q: every field has a name of its own", r.lua, i, f)
+			}
+			seen[f] = true
+		}
+		fields[r.lua] = r.fields
+	}
+	// The constants the preamble defines.
+	var names []string
+	for _, m := range regexp.MustCompile(`(?m)^local ([A-Z0-9_, ]+) =`).FindAllStringSubmatch(luaConstants(), -1) {
+		for _, n := range strings.Split(m[1], ",") {
+			names = append(names, strings.TrimSpace(n))
+		}
+	}
+	if len(names) < 40 {
+		t.Fatalf("the preamble defines %d constants: %v", len(names), names)
+	}
+	redefined := regexp.MustCompile(`^\s*local\s+(?:[\w, ]*\b)?(` + strings.Join(names, "|") + `)\b[\w, ]*=`)
+	lines := strings.Split(decideLua, "\n")
+	bad := func(n int, format string, args ...any) {
+		t.Errorf("decide.lua:%d: %s\n\t%s", n+1, fmt.Sprintf(format, args...), strings.TrimSpace(lines[n]))
+	}
+	literals := []struct {
+		re   *regexp.Regexp
+		what string
+	}{
+		{regexp.MustCompile(`"<[a-z]+"`), "a literal format: use the record's _FMT constant"},
+		{regexp.MustCompile(`\b(ARGV_?|argv)\[\d+\]`), "a literal ARGV position: use an ARG_ constant"},
+		{regexp.MustCompile(`[=~]= *"[dmu]"`), "a literal operation: use an OP_ constant"},
+		{regexp.MustCompile(`\b(alg|mode)\s*[=~]=\s*\d`), "a literal algorithm or mode: use an ALG_ or MODE_ constant"},
+		{regexp.MustCompile(`\bflags\s*[/%]\s*\d`), "a literal flag bit: use a FLAG_ constant"},
+		{regexp.MustCompile(`#\w+\s*/\s*\d`), "a literal record size: use a record's _BYTES constant"},
+	}
+	unpackRe := regexp.MustCompile(`^\s*(?:local\s+)?([A-Za-z_]\w*(?:\s*,\s*[A-Za-z_]\w*)*)\s*=\s*unpack\(([A-Z_]+)_FMT\b`)
+	packRe := regexp.MustCompile(`\bpack\(([A-Z_]+)_FMT,`)
+	for n, line := range lines {
+		code, _, _ := strings.Cut(line, "--")
+		for _, l := range literals {
+			if l.re.MatchString(code) {
+				bad(n, "%s", l.what)
+			}
+		}
+		if m := redefined.FindStringSubmatch(code); m != nil {
+			bad(n, "defines %s again: the contract's constants come from contract.go", m[1])
+		}
+		if m := unpackRe.FindStringSubmatch(code); m != nil {
+			if want, ok := fields[m[2]]; ok {
+				got := strings.Split(strings.ReplaceAll(m[1], " ", ""), ",")
+				if len(got) == len(want)+1 && got[len(got)-1] == "pos" {
+					got = got[:len(want)]
+				}
+				if !sameFields(got, want) {
+					bad(n, "unpacks %s as %s; contract.go names its fields %s", m[2], strings.Join(got, ", "), strings.Join(want, ", "))
+				}
+			}
+		}
+		for _, m := range packRe.FindAllStringSubmatchIndex(code, -1) {
+			rec := code[m[2]:m[3]]
+			want, ok := fields[rec]
+			if !ok {
+				continue
+			}
+			var got []string
+			for _, a := range callArgs(code[m[1]:]) {
+				// An argument names its field: a variable or a table's field of that name.
+				if i := strings.LastIndexByte(a, '.'); i >= 0 {
+					a = a[i+1:]
+				}
+				got = append(got, a)
+			}
+			if !sameFields(got, want) {
+				bad(n, "packs %s as %s; contract.go names its fields %s", rec, strings.Join(got, ", "), strings.Join(want, ", "))
+			}
+		}
+	}
+	for _, name := range names {
+		if strings.HasSuffix(name, "_WORDS") || strings.HasSuffix(name, "_BYTES") {
+			continue // sizes, where the script needs them
+		}
+		if !regexp.MustCompile(`\b` + name + `\b`).MatchString(decideLua) {
+			t.Errorf("decide.lua never reads %s, which contract.go renders", name)
+		}
+	}
+}
+
+// sameFields reports whether got names want's fields in order (_ stands for any).
+func sameFields(got, want []string) bool {
+	if len(got) != len(want) {
+		return false
+	}
+	for i := range got {
+		if got[i] != want[i] && got[i] != "_" {
+			return false
+		}
+	}
+	return true
+}
+
+// callArgs splits the arguments of a call whose text s starts after its first comma, up to
+// the parenthesis that closes it, at the commas outside nested parentheses.
+func callArgs(s string) []string {
+	var args []string
+	depth, start := 0, 0
+	for i, c := range s {
+		switch c {
+		case '(', '{', '[':
+			depth++
+		case ')', '}', ']':
+			if depth == 0 {
+				return append(args, strings.TrimSpace(s[start:i]))
+			}
+			depth--
+		case ',':
+			if depth == 0 {
+				args = append(args, strings.TrimSpace(s[start:i]))
+				start = i + 1
+			}
+		}
+	}
+	return args
 }

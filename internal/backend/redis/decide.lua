@@ -1,11 +1,17 @@
--- GCRA and the window algorithms for rls: backend.DecideBatch (internal/backend) in one atomic
--- call.
+-- The four algorithms of rls (gcra, fixed_window, sliding_window, sliding_log):
+-- backend.DecideBatch (internal/backend) in one atomic call.
+--
+-- The contract with Go (the operations, ARGV's positions, the records of doubles a call
+-- carries and its reply returns, the stored states, the flags) is contract.go's: the constants
+-- it names (OP_*, ARG_*, FLAG_*, MODE_*, ALG_*, <record>_FMT, _WORDS, _BYTES) are rendered from
+-- it into the lines before this file. Read every position, format and bit by those names, and
+-- unpack a record into variables named as contract.go names its fields: TestContract checks both.
 --
 -- Time is integer microseconds from Redis TIME, so every replica of rls agrees on it. A TAT is
--- exact: us + frac/rate microseconds with 0 <= frac < rate. A key stores its state as four
--- little-endian doubles (tat_us, frac, rate, period_us: 32 bytes) with an expiry at its reset,
--- when it holds no usage any more. Every value is an integer below 2^53, so exact as a double,
--- and struct.pack/unpack cost a tenth of formatting and parsing text.
+-- exact: us + frac/rate microseconds with 0 <= frac < rate. A key stores its state (a
+-- GCRA_STATE, WINDOW_STATE or LOG_STATE record) with an expiry at its reset, when it holds no
+-- usage any more. Every value is an integer below 2^53, so exact as a double, and
+-- struct.pack/unpack cost a tenth of formatting and parsing text.
 --
 -- Lua numbers here are doubles: integers are exact only below 2^53. The bounds that keep every
 -- intermediate below 2^53, given limits that backend.Limit.Validate accepts (rate and burst
@@ -19,47 +25,10 @@
 --   * divmod corrects a float quotient that rounded to the next integer (possible only for
 --     a dividend near 2^53, which the bounds above never reach; kept as a guard).
 --
--- The wire format (encoded and decoded in wire.go; TestWireFormat pins it):
--- ARGV[1] is the operation, ARGV[2] the instant (0: Redis TIME; tests pass a fixed one).
---   "d" decide one batch: ARGV[3] when to refuse the batch for its quota requests (k > 0: when
---       k quota requests here are denied, which are then every quota request of the batch not
---       already denied; 0: never; -1: refused already), ARGV[4] "1" when other script calls
---       hold part of the batch (Cluster slots), ARGV[5] per key: rate, period (us), burst, cost
---       (clamped to [0, burst+1], or under overdraft to [0, Limit.MaxCharge]), flags (1 refund,
---       + 2*mode with mode 0 enforce, 1 shadow, 2 quota, + 8 overdraft), as little-endian
---       doubles, then the window: offset, 0, 0 for Period-long windows, or for calendar windows
---       the start and end of the window holding rls's instant and the end of the next one: the
---       script decides in the window before, that one or the next, whichever holds its now.
---       flags add 16*algorithm (0 gcra, 1 fixed_window, 2 sliding_window, 3 sliding_log).
---       Rate is > 0: rls decides rate 0 itself.
---       Replies with one string of doubles: charged (1/0), then per key allowed, remaining,
---       retry_us, reset_us; with ARGV[4] = "1" also, per key, the check-only remaining and
---       reset_us (what the key reports once the batch is undone) and the exact change written
---       (delta_us, delta_frac in 1/rate us; zero but on a key's last occurrence), then m and m
---       pairs: under sliding_log the entries a refund took hits from (instant, hits), else 0.
---   "m" several batches, each decided as by "d" with ARGV[4] = "0", in order, as one call each
---       would: ARGV[3], ARGV[4] are the first batch's threshold and values, ARGV[5], ARGV[6] the
---       second's, and so on; KEYS are the batches' keys in order. Replies with the replies of
---       "d", concatenated. This pays the fixed cost of a script call (and TIME) once for many
---       concurrent calls.
---   "u" undo: ARGV[3] per key: rate, period, burst, delta_us, delta_frac, overdraft (1/0) +
---       2*algorithm, m, then m pairs, as "d" replied them: subtracts a change that "d" wrote
---       (for a batch another slot refused), within [now, now + burst], or under overdraft
---       [now, now + MAX_TOLERANCE]. Under the window algorithms the change is (hits, the end of
---       their window) or, under sliding_log, (hits, their instant) and the entries to give back.
---       Replies with the empty string.
-
--- The window algorithms (backend/window.go) store their state as doubles too: fixed_window
--- and sliding_window (algorithm, window end, count, previous count, rate, period: 48 bytes),
--- sliding_log (3, rate, period, entries, hits before the first entry, then per entry its instant
--- and the hits admitted up to it, cumulative: 40 + 16 bytes per entry). The first double tells
--- the forms apart: a GCRA TAT is never 1, 2 or 3.
---
 -- Overdraft (see backend.Decide): a denied charge of cost > 0 under an overdraft limit is
 -- written anyway, its TAT saturating at now + MAX_TOLERANCE, and never refuses its batch. With
 -- that bound every TAT stays below now + 2*MAX_TOLERANCE < 2^53 (until the year 2055).
 
-local MAX_TOLERANCE = 100 * 365 * 24 * 3600 * 1000000
 local TWO53 = 9007199254740992
 -- The library functions used most, bound on the first call (see run): a library of Redis
 -- Functions is loaded in an environment that has none of them.
@@ -104,7 +73,7 @@ end
 
 -- interval returns n emission intervals, n*period/rate, exactly as (us, frac), 0 <= n < 2^34.
 local function interval(n, L)
-  local rate, pr = L[1], L[5]
+  local rate, pr = L.rate, L.pr
   local q, r
   local m = n * pr
   if m < TWO53 then
@@ -116,42 +85,43 @@ local function interval(n, L)
     c, r = divmod(b * 65536 + (n - nh * 65536) * pr, rate)
     q = a * 65536 + c
   end
-  return n * L[4] + q, r
+  return n * L.pq + q, r
 end
 
--- limit is a limit with what every decision under it needs: {rate, period, burst, pq, pr,
--- full_us, full_frac, one_us, one_frac, overdraft, most_us, most_frac}, where period =
+-- limit is a limit with what every decision under it needs: rate, period, burst, pq, pr,
+-- full_us, full_frac, one_us, one_frac, overdraft, most_us, most_frac, where period =
 -- pq*rate + pr, so that one emission interval is (pq, pr), a full burst is (full_us,
 -- full_frac), the cost of one request (one_us, one_frac) and the most a state may hold
 -- (most_us, most_frac): a full burst, or under overdraft MAX_TOLERANCE.
 local function limit(rate, period, burst, overdraft)
   local pq, pr = divmod(period, rate)
-  local L = {rate, period, burst, pq, pr, 0, 0, 0, 0, overdraft, 0, 0}
-  L[6], L[7] = interval(burst, L)
-  L[8], L[9] = interval(1, L)
+  local L = {rate = rate, period = period, burst = burst, pq = pq, pr = pr, full_us = 0, full_frac = 0,
+    one_us = 0, one_frac = 0, overdraft = overdraft, most_us = 0, most_frac = 0}
+  L.full_us, L.full_frac = interval(burst, L)
+  L.one_us, L.one_frac = interval(1, L)
   if overdraft then
-    L[11] = MAX_TOLERANCE
+    L.most_us = MAX_TOLERANCE
   else
-    L[11], L[12] = L[6], L[7]
+    L.most_us, L.most_frac = L.full_us, L.full_frac
   end
   return L
 end
 
 -- count returns floor(d/T) for a span d >= 0 of fewer than 2^34 emission intervals.
 local function count(dus, df, L)
-  local x = dus * L[1] + df
+  local x = dus * L.rate + df
   if x < TWO53 then
     if x < 0 then
       return 0
     end
-    return (divmod(x, L[2]))
+    return (divmod(x, L.period))
   end
-  local n = floor(x / L[2])
+  local n = floor(x / L.period)
   local ius, ifr = interval(n, L)
   if less(dus, df, ius, ifr) then
     return n - 1
   end
-  ius, ifr = add(ius, ifr, L[4], L[5], L[1])
+  ius, ifr = add(ius, ifr, L.pq, L.pr, L.rate)
   if less(dus, df, ius, ifr) then
     return n
   end
@@ -168,9 +138,9 @@ local function ceil_us(us, f)
   return us
 end
 
--- A state is a table {tat_us, tat_frac, rate, period}, or false for none.
+-- A state is a table {tat, frac, rate, period} (the TAT tat + frac/rate µs), or false for none.
 local function fresh(s, now)
-  return not s or s[5] ~= nil or s[1] < now or (s[1] == now and s[2] == 0)
+  return not s or s.alg ~= nil or s.tat < now or (s.tat == now and s.frac == 0)
 end
 
 -- current returns the TAT of s under L at now, as gcra.go's current: never before now, a state
@@ -179,19 +149,19 @@ local function current(s, L, now)
   if fresh(s, now) then
     return now, 0
   end
-  local rate = L[1]
+  local rate = L.rate
   local hus, hf
-  if s[3] == rate and s[4] == L[2] then
-    hus, hf = sub(s[1], s[2], now, 0, rate)
+  if s.rate == rate and s.period == L.period then
+    hus, hf = sub(s.tat, s.frac, now, 0, rate)
   else
-    local orate, operiod = s[3], s[4]
-    if orate <= 0 or operiod <= 0 or s[2] < 0 or s[2] >= orate or s[1] - now > MAX_TOLERANCE then
+    local orate, operiod = s.rate, s.period
+    if orate <= 0 or operiod <= 0 or s.frac < 0 or s.frac >= orate or s.tat - now > MAX_TOLERANCE then
       return now, 0 -- not a state rls wrote
     end
-    local dus, df = sub(s[1], s[2], now, 0, orate)
+    local dus, df = sub(s.tat, s.frac, now, 0, orate)
     local n
     if dus * orate / operiod > 8589934592 then
-      n = L[3] -- more than 2^33 intervals (a debt): more than any burst
+      n = L.burst -- more than 2^33 intervals (a debt): more than any burst
     else
       local O = limit(orate, operiod, 1, false)
       n = count(dus, df, O)
@@ -200,13 +170,13 @@ local function current(s, L, now)
         n = n + 1
       end
     end
-    if n > L[3] then
-      n = L[3]
+    if n > L.burst then
+      n = L.burst
     end
     hus, hf = interval(n, L)
   end
-  if less(L[11], L[12], hus, hf) then
-    hus, hf = L[11], L[12]
+  if less(L.most_us, L.most_frac, hus, hf) then
+    hus, hf = L.most_us, L.most_frac
   end
   return add(now, 0, hus, hf, rate)
 end
@@ -214,81 +184,81 @@ end
 -- overdrawn is gcra.go's overdrawn: the state after a denied charge of cost > 0 under overdraft
 -- on the TAT (tus, tf), the TAT plus the cost, saturated at now + MAX_TOLERANCE.
 local function overdrawn(L, now, tus, tf, cost)
-  local rate = L[1]
+  local rate = L.rate
   local rus, rf = sub(now + MAX_TOLERANCE, 0, tus, tf, rate)
   local cus, cf = interval(cost, L)
   if less(rus, rf, cus, cf) then
-    return {now + MAX_TOLERANCE, 0, rate, L[2]}
+    return {tat = now + MAX_TOLERANCE, frac = 0, rate = rate, period = L.period}
   end
   local nus, nf = add(tus, tf, cus, cf, rate)
-  return {nus, nf, rate, L[2]}
+  return {tat = nus, frac = nf, rate = rate, period = L.period}
 end
 
 -- debt is gcra.go's Decide for a denied charge under overdraft, charged all the same: the state
 -- after it, and a decision describing that state: 0 remaining, retry once the debt is repaid,
 -- reset once a full burst is back.
 local function debt(L, now, tus, tf, cost)
-  local rate = L[1]
+  local rate = L.rate
   local ns = overdrawn(L, now, tus, tf, cost)
-  local rus, rf = sub(ns[1], ns[2], L[6], L[7], rate)
-  return ns, 0, 0, ceil_us(sub(rus, rf, now, 0, rate)), ceil_us(sub(ns[1], ns[2], now, 0, rate))
+  local rus, rf = sub(ns.tat, ns.frac, L.full_us, L.full_frac, rate)
+  return ns, 0, 0, ceil_us(sub(rus, rf, now, 0, rate)), ceil_us(sub(ns.tat, ns.frac, now, 0, rate))
 end
 
 -- decide is gcra.go's Decide: the new state (s itself when denied) and the decision.
 local function decide(s, L, now, cost)
-  local rate = L[1]
+  local rate = L.rate
   local tus, tf
-  if not s or s[1] < now or (s[1] == now and s[2] == 0) then
+  if not s or s.tat < now or (s.tat == now and s.frac == 0) then
     -- Fresh (as fresh() says, inlined): the key holds no usage, so a full burst remains and any
     -- cost within it is admitted. The common case, taken without the general arithmetic.
-    if cost <= L[3] then
+    if cost <= L.burst then
       local cus, cf
       if cost == 1 then
-        cus, cf = L[8], L[9]
+        cus, cf = L.one_us, L.one_frac
       else
         if cost < 0 then
           cost = 0
         end
         cus, cf = interval(cost, L)
       end
-      return {now + cus, cf, rate, L[2]}, 1, L[3] - cost, 0, ceil_us(cus, cf)
+      return {tat = now + cus, frac = cf, rate = rate, period = L.period}, 1, L.burst - cost, 0, ceil_us(cus, cf)
     end
     tus, tf = now, 0
   else
     tus, tf = current(s, L, now)
   end
-  local aus, af = add(now, 0, L[6], L[7], rate)
+  local aus, af = add(now, 0, L.full_us, L.full_frac, rate)
   local hus, hf = sub(aus, af, tus, tf, rate)
   local remaining = count(hus, hf, L)
   if cost < 0 then
     cost = 0
   end
-  if cost > L[3] then
-    if L[10] and cost > 0 then
+  if cost > L.burst then
+    if L.overdraft and cost > 0 then
       return debt(L, now, tus, tf, cost)
     end
     -- Never admitted: retry no sooner than a full burst after the key is back to one.
     local reset = ceil_us(sub(tus, tf, now, 0, rate))
-    return s, 0, remaining, ceil_us(L[6], L[7]) + reset, reset
+    return s, 0, remaining, ceil_us(L.full_us, L.full_frac) + reset, reset
   end
   local cus, cf = interval(cost, L)
   local nus, nf = add(tus, tf, cus, cf, rate)
-  local wus, wf = sub(nus, nf, L[6], L[7], rate)
+  local wus, wf = sub(nus, nf, L.full_us, L.full_frac, rate)
   if less(now, 0, wus, wf) then
-    if L[10] and cost > 0 then
+    if L.overdraft and cost > 0 then
       return debt(L, now, tus, tf, cost)
     end
     return s, 0, remaining, ceil_us(sub(wus, wf, now, 0, rate)), ceil_us(sub(tus, tf, now, 0, rate))
   end
-  return {nus, nf, rate, L[2]}, 1, remaining - cost, 0, ceil_us(sub(nus, nf, now, 0, rate))
+  return {tat = nus, frac = nf, rate = rate, period = L.period}, 1, remaining - cost, 0, ceil_us(sub(nus, nf, now, 0, rate))
 end
 
 -- refund is gcra.go's Refund.
 local function refund(s, L, now, cost)
-  local rate = L[1]
+  local rate = L.rate
   local tus, tf = current(s, L, now)
-  if cost > L[3] then
-    cost = L[3]
+  if cost > L.burst then
+    cost = L.burst
   end
   if cost > 0 then
     local cus, cf = interval(cost, L)
@@ -297,35 +267,35 @@ local function refund(s, L, now, cost)
       tus, tf = now, 0
     end
   end
-  local aus, af = add(now, 0, L[6], L[7], rate)
+  local aus, af = add(now, 0, L.full_us, L.full_frac, rate)
   local hus, hf = sub(aus, af, tus, tf, rate)
-  return {tus, tf, rate, L[2]}, 1, count(hus, hf, L), 0, ceil_us(sub(tus, tf, now, 0, rate))
+  return {tat = tus, frac = tf, rate = rate, period = L.period}, 1, count(hus, hf, L), 0, ceil_us(sub(tus, tf, now, 0, rate))
 end
 
 
--- The window algorithms, as backend/window.go. A state is {end or 0, count, rate, period, alg,
--- previous count, log}; a limit W is {rate, period, burst, alg = alg, start, end}, with W[10]
--- its overdraft as in a GCRA limit.
+-- The window algorithms, as backend/window.go. A state is {stop (the window's end, or 0),
+-- count, rate, period, alg, prev (the previous window's count), log}; a limit W is {rate,
+-- period, burst, overdraft, alg, start, stop}.
 local MAX_WINDOW_CHARGE = 8589934592 -- 2^33
 local MAX_WINDOW_COUNT = 1099511627776 -- 2^40
 
 -- expiry returns the instant from which a window state holds no usage.
 local function expiry(s)
-  local alg = s[5]
-  if alg == 1 then
-    if s[2] > 0 then
-      return s[1]
+  local alg = s.alg
+  if alg == ALG_FIXED_WINDOW then
+    if s.count > 0 then
+      return s.stop
     end
-  elseif alg == 2 then
-    if s[2] > 0 then
-      return s[1] + s[4]
-    elseif s[6] > 0 then
-      return s[1]
+  elseif alg == ALG_SLIDING_WINDOW then
+    if s.count > 0 then
+      return s.stop + s.period
+    elseif s.prev > 0 then
+      return s.stop
     end
-  elseif alg == 3 then
-    local L = s[7]
+  elseif alg == ALG_SLIDING_LOG then
+    local L = s.log
     if L.k >= 1 then
-      return unpack("<d", L.e, 16 * L.k - 15) + s[4]
+      return unpack(LOG_ENTRY_FMT, L.e, LOG_ENTRY_BYTES * (L.k - 1) + 1) + s.period
     end
   end
   return 0
@@ -338,11 +308,9 @@ local function left(t, now)
   return 0
 end
 
--- window builds W for a request at now from its values (see the wire format).
+-- window builds W for a request at now from its key record (see contract.go).
 local function window(rate, period, burst, alg, overdraft, wa, wb, wc, now)
-  local W = {rate, period, burst}
-  W[10] = overdraft
-  W.alg = alg
+  local W = {rate = rate, period = period, burst = burst, overdraft = overdraft, alg = alg}
   if wb > 0 then
     -- Calendar windows are fixed_window's only: its decisions need the window's end alone.
     if now < wa then
@@ -365,21 +333,21 @@ local function clamp(W, cost)
   if cost < 0 then
     return 0
   end
-  if W[10] and W.alg == 1 then
+  if W.overdraft and W.alg == ALG_FIXED_WINDOW then
     return math.min(cost, MAX_WINDOW_CHARGE)
   end
-  return math.min(cost, W[3] + 1)
+  return math.min(cost, W.burst + 1)
 end
 
 -- counts returns the hits a fixed or sliding window state holds in W's window and the one
 -- before it.
 local function counts(s, W)
   local cur, prev = 0, 0
-  if s and s[5] == W.alg and s[4] == W[2] then
-    if s[1] == W.stop then
-      cur, prev = s[2], s[6]
-    elseif W.alg == 2 and s[1] == W.start then
-      prev = s[2]
+  if s and s.alg == W.alg and s.period == W.period then
+    if s.stop == W.stop then
+      cur, prev = s.count, s.prev
+    elseif W.alg == ALG_SLIDING_WINDOW and s.stop == W.start then
+      prev = s.count
     end
   end
   return cur, prev
@@ -390,6 +358,11 @@ end
 -- that a decision finds its first live entry by binary search and counts the live hits with one
 -- subtraction, and appends without unpacking the rest.
 
+-- log_entry packs an entry of a log.
+local function log_entry(instant, total)
+  return pack(LOG_ENTRY_FMT, instant, total)
+end
+
 local function empty_log()
   return {e = "", k = 0, base = 0}
 end
@@ -399,19 +372,19 @@ local function entry(L, i)
   if i == 0 then
     return 0, L.base
   end
-  local t, c = unpack("<dd", L.e, 16 * i - 15)
-  return t, c
+  local instant, total = unpack(LOG_ENTRY_FMT, L.e, LOG_ENTRY_BYTES * (i - 1) + 1)
+  return instant, total
 end
 
 -- pop returns L less take of the hits of its last entry (all of them: the entry goes).
 local function pop(L, take)
   local t, c = entry(L, L.k)
   local _, p = entry(L, L.k - 1)
-  local prefix = string.sub(L.e, 1, 16 * (L.k - 1))
+  local prefix = string.sub(L.e, 1, LOG_ENTRY_BYTES * (L.k - 1))
   if take >= c - p then
     return {e = prefix, k = L.k - 1, base = L.base}
   end
-  return {e = prefix .. pack("<dd", t, c - take), k = L.k, base = L.base}
+  return {e = prefix .. log_entry(t, c - take), k = L.k, base = L.base}
 end
 
 -- at_now returns the hits of L's trailing entries at instant now, and the index of the newest
@@ -431,12 +404,12 @@ end
 
 -- live returns a log state's entries still within the period at now, and their hits.
 local function live(s, W, now)
-  if not (s and s[5] == 3 and s[4] == W[2]) then
+  if not (s and s.alg == ALG_SLIDING_LOG and s.period == W.period) then
     return empty_log(), 0
   end
-  local L = s[7]
+  local L = s.log
   -- The first entry after now - period: entries are in order of their instants.
-  local lo, hi, cut = 1, L.k + 1, now - W[2]
+  local lo, hi, cut = 1, L.k + 1, now - W.period
   while lo < hi do
     local mid = floor((lo + hi) / 2)
     if entry(L, mid) <= cut then
@@ -448,22 +421,22 @@ local function live(s, W, now)
   local _, b = entry(L, lo - 1)
   local _, c = entry(L, L.k)
   if lo > 1 then
-    L = {e = string.sub(L.e, 16 * (lo - 1) + 1), k = L.k - lo + 1, base = b}
+    L = {e = string.sub(L.e, LOG_ENTRY_BYTES * (lo - 1) + 1), k = L.k - lo + 1, base = b}
   end
   return L, c - b
 end
 
 -- used is sliding_window's estimate rounded up, in whole milliseconds.
 local function used(W, cur, prev, now)
-  local p = W[2] / 1000
+  local p = W.period / 1000
   local e = floor((now - W.start) / 1000)
   return cur + (divmod(prev * (p - e) + p - 1, p))
 end
 
 local function wdecide(s, W, now, cost)
-  local rate, period, alg = W[1], W[2], W.alg
+  local rate, period, alg = W.rate, W.period, W.alg
   cost = clamp(W, cost)
-  if alg == 1 then
+  if alg == ALG_FIXED_WINDOW then
     local count = counts(s, W)
     local reset = 0
     if count > 0 then
@@ -475,26 +448,26 @@ local function wdecide(s, W, now, cost)
       if n > 0 then
         r = left(W.stop, now)
       end
-      return {W.stop, n, rate, period, 1, 0}, 1, rate - n, 0, r
+      return {stop = W.stop, count = n, rate = rate, period = period, alg = ALG_FIXED_WINDOW, prev = 0}, 1, rate - n, 0, r
     end
-    if W[10] and cost > 0 then
+    if W.overdraft and cost > 0 then
       -- Charged all the same (window.go's decideFixed): the window is spent until it ends.
       local r = left(W.stop, now)
-      return {W.stop, math.min(count + cost, MAX_WINDOW_COUNT), rate, period, 1, 0}, 0, 0, r, r
+      return {stop = W.stop, count = math.min(count + cost, MAX_WINDOW_COUNT), rate = rate, period = period, alg = ALG_FIXED_WINDOW, prev = 0}, 0, 0, r, r
     end
     local retry = left(W.stop, now)
     if cost > rate then
       retry = retry + period
     end
     return s, 0, math.max(rate - count, 0), retry, reset
-  elseif alg == 2 then
+  elseif alg == ALG_SLIDING_WINDOW then
     local cur, prev = counts(s, W)
     local u = used(W, cur, prev, now)
     if u + cost <= rate then
-      local ns = {W.stop, cur + cost, rate, period, 2, prev}
+      local ns = {stop = W.stop, count = cur + cost, rate = rate, period = period, alg = ALG_SLIDING_WINDOW, prev = prev}
       return ns, 1, rate - u - cost, 0, left(expiry(ns), now)
     end
-    local reset = left(expiry({W.stop, cur, rate, period, 2, prev}), now)
+    local reset = left(expiry({stop = W.stop, count = cur, rate = rate, period = period, alg = ALG_SLIDING_WINDOW, prev = prev}), now)
     local p = period / 1000
     local x = rate - cur - cost
     local retry
@@ -512,12 +485,12 @@ local function wdecide(s, W, now, cost)
   if n + cost <= rate then
     if cost > 0 then
       local _, c = entry(L, L.k)
-      L = {e = L.e .. pack("<dd", now, c + cost), k = L.k + 1, base = L.base}
+      L = {e = L.e .. log_entry(now, c + cost), k = L.k + 1, base = L.base}
     end
-    local ns = {0, 0, rate, period, 3, 0, L}
+    local ns = {stop = 0, count = 0, rate = rate, period = period, alg = ALG_SLIDING_LOG, prev = 0, log = L}
     return ns, 1, rate - n - cost, 0, left(expiry(ns), now)
   end
-  local reset = left(expiry({0, 0, rate, period, 3, 0, L}), now)
+  local reset = left(expiry({stop = 0, count = 0, rate = rate, period = period, alg = ALG_SLIDING_LOG, prev = 0, log = L}), now)
   local retry
   if cost > rate then
     retry = reset + period
@@ -540,11 +513,11 @@ local function wdecide(s, W, now, cost)
 end
 
 local function wrefund(s, W, now, cost)
-  local rate, period, alg = W[1], W[2], W.alg
+  local rate, period, alg = W.rate, W.period, W.alg
   if cost < 0 then
     cost = 0
   end
-  if alg == 3 then
+  if alg == ALG_SLIDING_LOG then
     -- Gives back the most recent hits first.
     local L, n = live(s, W, now)
     while cost > 0 and L.k > 0 do
@@ -554,13 +527,13 @@ local function wrefund(s, W, now, cost)
       L = pop(L, take)
       cost, n = cost - take, n - take
     end
-    local ns = {0, 0, rate, period, 3, 0, L}
+    local ns = {stop = 0, count = 0, rate = rate, period = period, alg = ALG_SLIDING_LOG, prev = 0, log = L}
     return ns, 1, math.max(rate - n, 0), 0, left(expiry(ns), now)
   end
   local cur, prev = counts(s, W)
   cur = math.max(cur - cost, 0)
-  local ns = {W.stop, cur, rate, period, alg, prev}
-  if alg == 1 then
+  local ns = {stop = W.stop, count = cur, rate = rate, period = period, alg = alg, prev = prev}
+  if alg == ALG_FIXED_WINDOW then
     local r = 0
     if cur > 0 then
       r = left(W.stop, now)
@@ -575,7 +548,7 @@ end
 -- instant, hits pairs in order of instant. Hits are only ever added at now and taken from the
 -- newest entries, so the entries both logs share come first.
 local function wdelta(before, after, W, now)
-  if W.alg == 3 then
+  if W.alg == ALG_SLIDING_LOG then
     local la = live(after, W, now)
     local lb = live(before, W, now)
     local p, m = 0, math.min(la.k, lb.k)
@@ -620,18 +593,18 @@ local function restore(L, r)
     local t, c = entry(L, i)
     while j < #r and r[j] < t do
       extra = extra + r[j + 1]
-      parts[#parts + 1] = pack("<dd", r[j], prev + extra)
+      parts[#parts + 1] = log_entry(r[j], prev + extra)
       j = j + 2
     end
     while j < #r and r[j] == t do
       extra, j = extra + r[j + 1], j + 2
     end
-    parts[#parts + 1] = pack("<dd", t, c + extra)
+    parts[#parts + 1] = log_entry(t, c + extra)
     prev = c
   end
   while j < #r do
     extra = extra + r[j + 1]
-    parts[#parts + 1] = pack("<dd", r[j], prev + extra)
+    parts[#parts + 1] = log_entry(r[j], prev + extra)
     j = j + 2
   end
   return {e = table.concat(parts), k = #parts, base = L.base}
@@ -641,13 +614,13 @@ end
 local function wundo(s, alg, rate, period, hits, at, removed)
   if not s and (hits < 0 or #removed > 0) then
     -- A refund emptied the key, which was then deleted: give its hits back to a new state.
-    s = {at, 0, rate, period, alg, 0, empty_log()}
+    s = {stop = at, count = 0, rate = rate, period = period, alg = alg, prev = 0, log = empty_log()}
   end
-  if not (s and s[5] == alg and s[4] == period) then
+  if not (s and s.alg == alg and s.period == period) then
     return s
   end
-  if alg == 3 then
-    local L = s[7]
+  if alg == ALG_SLIDING_LOG then
+    local L = s.log
     while hits > 0 and L.k > 0 do
       local t, c = entry(L, L.k)
       if t ~= at then
@@ -660,48 +633,49 @@ local function wundo(s, alg, rate, period, hits, at, removed)
     if #removed > 0 then
       L = restore(L, removed)
     end
-    s[7] = L
+    s.log = L
     return s
   end
-  if s[1] == at then
-    s[2] = math.min(math.max(s[2] - hits, 0), MAX_WINDOW_COUNT)
-  elseif alg == 2 and s[1] == at + period then
-    s[6] = math.max(s[6] - hits, 0)
+  if s.stop == at then
+    s.count = math.min(math.max(s.count - hits, 0), MAX_WINDOW_COUNT)
+  elseif alg == ALG_SLIDING_WINDOW and s.stop == at + period then
+    s.prev = math.max(s.prev - hits, 0)
   end
   return s
 end
 
--- parse reads a stored value (nil: none).
+-- parse reads a stored value (nil: none): one of the stored states of contract.go.
 local function parse(v)
   if not v then
     return false
   end
   local n = #v
-  if n >= 32 and n % 8 == 0 then
-    local alg = unpack("<d", v)
-    if (alg == 1 or alg == 2) and n == 48 then
-      local _, e, c, pv, r, p = unpack("<dddddd", v)
-      return {e, c, r, p, alg, pv}
-    elseif alg == 3 then
-      local _, r, p, k, base = unpack("<ddddd", v)
-      if n ~= 40 + 16 * k then
+  if n >= GCRA_STATE_BYTES and n % 8 == 0 then
+    local alg = unpack(DOUBLE_FMT, v)
+    if (alg == ALG_FIXED_WINDOW or alg == ALG_SLIDING_WINDOW) and n == WINDOW_STATE_BYTES then
+      local _, stop, count, prev, rate, period = unpack(WINDOW_STATE_FMT, v)
+      return {stop = stop, count = count, rate = rate, period = period, alg = alg, prev = prev}
+    elseif alg == ALG_SLIDING_LOG then
+      local _, rate, period, entries, base = unpack(LOG_STATE_FMT, v)
+      if n ~= LOG_STATE_BYTES + LOG_ENTRY_BYTES * entries then
         return false
       end
-      return {0, 0, r, p, 3, 0, {e = string.sub(v, 41), k = k, base = base}}
+      return {stop = 0, count = 0, rate = rate, period = period, alg = ALG_SLIDING_LOG, prev = 0,
+        log = {e = string.sub(v, LOG_STATE_BYTES + 1), k = entries, base = base}}
     end
   end
   -- The last byte of the packed form is the high byte of a period >= 1 as a double: 0x3F or
   -- more, never a digit as the text form ends with.
-  if #v == 32 and string.byte(v, 32) > 57 then
-    local a, b, c, d = unpack("<dddd", v)
-    return {a, b, c, d}
+  if n == GCRA_STATE_BYTES and string.byte(v, n) > 57 then
+    local tat, frac, rate, period = unpack(GCRA_STATE_FMT, v)
+    return {tat = tat, frac = frac, rate = rate, period = period}
   end
   -- The text form "tat frac rate period" that earlier versions of rls stored.
-  local a, b, c, d = string.match(v, "^(%-?%d+) (%d+) (%d+) (%d+)$")
-  if not a then
+  local tat, frac, rate, period = string.match(v, "^(%-?%d+) (%d+) (%d+) (%d+)$")
+  if not tat then
     return false -- not a state rls wrote
   end
-  return {tonumber(a), tonumber(b), tonumber(c), tonumber(d)}
+  return {tat = tonumber(tat), frac = tonumber(frac), rate = tonumber(rate), period = tonumber(period)}
 end
 
 local function load(key)
@@ -709,11 +683,11 @@ local function load(key)
 end
 
 local function store(key, s, existed, now)
-  local alg = s and s[5] or 0
+  local alg = s and s.alg or 0
   local left -- until the state holds no usage, in us
-  if alg == 0 then
+  if alg == ALG_GCRA then
     if not fresh(s, now) then
-      left = ceil_us(sub(s[1], s[2], now, 0, s[3]))
+      left = ceil_us(sub(s.tat, s.frac, now, 0, s.rate))
     end
   else
     local e = expiry(s)
@@ -734,13 +708,14 @@ local function store(key, s, existed, now)
     ttl = ttl + 60000
   end
   local v
-  if alg == 0 then
-    v = pack("<dddd", s[1], s[2], s[3], s[4])
-  elseif alg == 3 then
-    local L = s[7]
-    v = pack("<ddddd", 3, s[3], s[4], L.k, L.base) .. L.e
+  if alg == ALG_GCRA then
+    v = pack(GCRA_STATE_FMT, s.tat, s.frac, s.rate, s.period)
+  elseif alg == ALG_SLIDING_LOG then
+    local log = s.log
+    local entries, base = log.k, log.base
+    v = pack(LOG_STATE_FMT, alg, s.rate, s.period, entries, base) .. log.e
   else
-    v = pack("<dddddd", alg, s[1], s[2], s[6], s[3], s[4])
+    v = pack(WINDOW_STATE_FMT, alg, s.stop, s.count, s.prev, s.rate, s.period)
   end
   call("PSETEX", key, ttl, v)
 end
@@ -761,21 +736,23 @@ end
 local last_limit
 local function limit_of(rate, period, burst, overdraft)
   local L = last_limit
-  if not L or L[1] ~= rate or L[2] ~= period or L[3] ~= burst or L[10] ~= overdraft then
+  if not L or L.rate ~= rate or L.period ~= period or L.burst ~= burst or L.overdraft ~= overdraft then
     L = limit(rate, period, burst, overdraft)
     last_limit = L
   end
   return L
 end
 
--- flags splits a request's flags: refund, mode, overdraft, algorithm.
+-- split splits a request's flags (contract.go's requestFlags): refund, mode, overdraft,
+-- algorithm.
 local function split(flags)
-  return flags % 2 == 1, floor(flags / 2) % 4, floor(flags / 8) % 2 == 1, floor(flags / 16)
+  return floor(flags / FLAG_REFUND) % 2 == 1, floor(flags / FLAG_MODE) % MODE_SPAN,
+    floor(flags / FLAG_OVERDRAFT) % 2 == 1, floor(flags / FLAG_ALG)
 end
 
 -- request_limit is the limit a request's values describe: GCRA's L, or a window's W.
 local function request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
-  if alg == 0 then
+  if alg == ALG_GCRA then
     return limit_of(rate, period, burst, od)
   end
   return window(rate, period, burst, alg, od, wa, wb, wc, now)
@@ -784,36 +761,37 @@ end
 -- The call being run: its keys, its values and its instant (see run).
 local KEYS_, ARGV_, now
 
--- undo runs an "u" call.
+-- undo runs an OP_UNDO call: per key an UNDO record and its ENTRY records.
 local function undo()
-  local args, pos = ARGV_[3], 1
+  local args, pos = ARGV_[ARG_UNDO], 1
   for i = 1, #KEYS_ do
-    local rate, period, burst, dus, df, od, m
-    rate, period, burst, dus, df, od, m, pos = unpack("<ddddddd", args, pos)
+    local rate, period, burst, delta_us, delta_frac, flags, entries
+    rate, period, burst, delta_us, delta_frac, flags, entries, pos = unpack(UNDO_FMT, args, pos)
     local removed = {}
-    for j = 1, 2 * m do
-      removed[j], pos = unpack("<d", args, pos)
+    for j = 1, entries do
+      local instant, hits
+      instant, hits, pos = unpack(ENTRY_FMT, args, pos)
+      removed[2 * j - 1], removed[2 * j] = instant, hits
     end
-    local alg = floor(od / 2)
-    if alg ~= 0 then
-      local s = load(KEYS_[i])
-      local ns = wundo(s, alg, rate, period, dus, df, removed)
+    local _, _, od, alg = split(flags)
+    local s = load(KEYS_[i])
+    if alg ~= ALG_GCRA then
+      local ns = wundo(s, alg, rate, period, delta_us, delta_frac, removed)
       if ns then
         store(KEYS_[i], ns, s ~= false, now)
       end
     else
-    local L = limit_of(rate, period, burst, od % 2 == 1)
-    local s = load(KEYS_[i])
-    local tus, tf = current(s, L, now)
-    tus, tf = sub(tus, tf, dus, df, rate)
-    if less(tus, tf, now, 0) then
-      tus, tf = now, 0
-    end
-    local mus, mf = add(now, 0, L[11], L[12], rate)
-    if less(mus, mf, tus, tf) then
-      tus, tf = mus, mf
-    end
-    store(KEYS_[i], {tus, tf, rate, L[2]}, s ~= false, now)
+      local L = limit_of(rate, period, burst, od)
+      local tus, tf = current(s, L, now)
+      tus, tf = sub(tus, tf, delta_us, delta_frac, rate)
+      if less(tus, tf, now, 0) then
+        tus, tf = now, 0
+      end
+      local mus, mf = add(now, 0, L.most_us, L.most_frac, rate)
+      if less(mus, mf, tus, tf) then
+        tus, tf = mus, mf
+      end
+      store(KEYS_[i], {tat = tus, frac = tf, rate = rate, period = L.period}, s ~= false, now)
     end
   end
   return ""
@@ -864,7 +842,7 @@ local function apply(s, L, cost, refunds)
     end
     return wdecide(s, L, now, cost)
   end
-  if s and s[5] then
+  if s and s.alg then
     s = false -- another algorithm's state: no usage under GCRA
   end
   if refunds then
@@ -876,24 +854,44 @@ end
 -- refuses says whether a denied request refuses its batch: not an overdraft charge (see
 -- backend.Charged), which is charged all the same.
 local function refuses(L, cost, refunds)
-  return not (L[10] and cost > 0 and not refunds)
+  return not (L.overdraft and cost > 0 and not refunds)
+end
+
+-- The batch rule, restated: backend.Charged (internal/backend/backend.go) over the part of the
+-- batch this call holds, with the quota threshold job.plan (decide.go) computed for it from the
+-- rest. single and batch below apply it; TestScriptMatchesDecideBatch and
+-- TestMergedBatchesMatchMemory (script_test.go) hold it equal to backend.DecideBatch.
+--
+-- charges says whether a call's part of a batch is charged: not when the batch was refused
+-- before this call (threshold < 0), an enforced request is denied, or as many quota requests are
+-- denied as the threshold says (> 0: every quota request of the batch not already denied is
+-- here). A denial that refuses nothing (see refuses) counts as allowed.
+local function charges(threshold, enforce_denied, quota_denied)
+  return threshold >= 0 and not enforce_denied and not (threshold > 0 and quota_denied >= threshold)
+end
+
+-- emit_decision emits a DECISION record.
+local function emit_decision(allowed, remaining, retry_us, reset_us)
+  emit(pack(DECISION_FMT, allowed, remaining, retry_us, reset_us))
+end
+
+-- emit_charged emits the CHARGED record that begins a batch's reply.
+local function emit_charged(charge)
+  local charged = charge and 1 or 0
+  emit(pack(CHARGED_FMT, charged))
 end
 
 -- single decides a batch of one key, KEYS_[k0 + 1], as batch does, without its tables: most
 -- batches are one descriptor under one limit.
-local function single(k0, args, quota_refuse)
+local function single(k0, args, threshold)
   local key = KEYS_[k0 + 1]
-  local rate, period, burst, cost, flags, wa, wb, wc = unpack("<dddddddd", args)
+  local rate, period, burst, cost, flags, wa, wb, wc = unpack(KEY_FMT, args)
   local refunds, mode, od, alg = split(flags)
   local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
   local s = state(key)
   local ns, ok, rem, retry, reset = apply(s, L, cost, refunds)
-  local charge = quota_refuse >= 0
-  if ok == 0 and refuses(L, cost, refunds) then
-    if mode == 0 or (mode == 2 and quota_refuse == 1) then
-      charge = false
-    end
-  end
+  local denied = ok == 0 and refuses(L, cost, refunds)
+  local charge = charges(threshold, denied and mode == MODE_ENFORCE, (denied and mode == MODE_QUOTA) and 1 or 0)
   if charge then
     states[key] = ns
   elseif ok == 1 then
@@ -901,23 +899,25 @@ local function single(k0, args, quota_refuse)
     local _
     _, _, rem, _, reset = apply(s, L, 0, false)
   end
-  emit(pack("<ddddd", charge and 1 or 0, ok, rem, retry, reset))
+  emit_charged(charge)
+  emit_decision(ok, rem, retry, reset)
   return 1
 end
 
 -- batch decides the batch of n keys from KEYS_[k0 + 1] on, appending its reply to out.
-local function batch(k0, args, quota_refuse, multi)
-  local n = #args / 64
+local function batch(k0, args, threshold, multi)
+  local n = #args / KEY_BYTES
   if n == 1 and not multi then
-    return single(k0, args, quota_refuse)
+    return single(k0, args, threshold)
   end
-  local cur, last, lim, res = {}, {}, {}, {}
+  local cur, last, lim = {}, {}, {}
+  local oks, rems, retries, resets = {}, {}, {}, {}
   local enforce_denied, quota_denied = false, 0
   local pos = 1
   for i = 1, n do
     local key = KEYS_[k0 + i]
     local rate, period, burst, cost, flags, wa, wb, wc
-    rate, period, burst, cost, flags, wa, wb, wc, pos = unpack("<dddddddd", args, pos)
+    rate, period, burst, cost, flags, wa, wb, wc, pos = unpack(KEY_FMT, args, pos)
     local refunds, mode, od, alg = split(flags)
     local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
     lim[i] = L
@@ -929,57 +929,54 @@ local function batch(k0, args, quota_refuse, multi)
     cur[key] = ns
     last[key] = i
     if ok == 0 and refuses(L, cost, refunds) then
-      if mode == 0 then
+      if mode == MODE_ENFORCE then
         enforce_denied = true
-      elseif mode == 2 then
+      elseif mode == MODE_QUOTA then
         quota_denied = quota_denied + 1
       end
     end
-    local o = 4 * i - 3
-    res[o], res[o + 1], res[o + 2], res[o + 3] = ok, rem, retry, reset
+    oks[i], rems[i], retries[i], resets[i] = ok, rem, retry, reset
   end
 
-  -- The batch is refused here when an enforced request is denied, or the quota requests that
-  -- were left to deny it are, or it was refused before this call.
-  local charge = quota_refuse >= 0 and not enforce_denied and not (quota_refuse > 0 and quota_denied >= quota_refuse)
+  local charge = charges(threshold, enforce_denied, quota_denied)
 
   if not charge then
     -- Allowed requests of a refused batch report a check of the state the batch found.
     for i = 1, n do
-      if res[4 * i - 3] == 1 then
-        local _, _, rem, _, reset = apply(states[KEYS_[k0 + i]], lim[i], 0, false)
-        res[4 * i - 2], res[4 * i] = rem, reset
+      if oks[i] == 1 then
+        local _
+        _, _, rems[i], _, resets[i] = apply(states[KEYS_[k0 + i]], lim[i], 0, false)
       end
     end
   end
-  emit(pack("<d", charge and 1 or 0))
+  emit_charged(charge)
   for i = 1, n do
-    local o = 4 * i - 3
-    emit(pack("<dddd", res[o], res[o + 1], res[o + 2], res[o + 3]))
+    emit_decision(oks[i], rems[i], retries[i], resets[i])
   end
   if multi then
     for i = 1, n do
-      local rem, reset = 0, 0
-      if res[4 * i - 3] == 1 and charge then
+      local check_remaining, check_reset_us = 0, 0
+      if oks[i] == 1 and charge then
         local _
-        _, _, rem, _, reset = apply(states[KEYS_[k0 + i]], lim[i], 0, false)
+        _, _, check_remaining, _, check_reset_us = apply(states[KEYS_[k0 + i]], lim[i], 0, false)
       end
       local key = KEYS_[k0 + i]
-      local dus, df, removed = 0, 0, nil
+      local delta_us, delta_frac, removed = 0, 0, nil
       if charge and last[key] == i then
         local L = lim[i]
         if L.alg then
-          dus, df, removed = wdelta(states[key], cur[key], L, now)
+          delta_us, delta_frac, removed = wdelta(states[key], cur[key], L, now)
         else
           local aus, af = current(cur[key], L, now)
           local bus, bf = current(states[key], L, now)
-          dus, df = sub(aus, af, bus, bf, L[1])
+          delta_us, delta_frac = sub(aus, af, bus, bf, L.rate)
         end
       end
-      local m = removed and #removed / 2 or 0
-      emit(pack("<ddddd", rem, reset, dus, df, m))
-      for j = 1, 2 * m do
-        emit(pack("<d", removed[j]))
+      local entries = removed and #removed / ENTRY_WORDS or 0
+      emit(pack(MULTI_FMT, check_remaining, check_reset_us, delta_us, delta_frac, entries))
+      for j = 1, entries do
+        local instant, hits = removed[2 * j - 1], removed[2 * j]
+        emit(pack(ENTRY_FMT, instant, hits))
       end
     end
   end
@@ -991,30 +988,34 @@ local function batch(k0, args, quota_refuse, multi)
   return n
 end
 
--- run runs one call: keys and argv are the KEYS and ARGV of the wire format above. Under EVAL the
--- script ends by returning run(KEYS, ARGV); loaded as a library of Redis Functions it registers
--- run, and the definitions above are built once rather than on every call (see script.go).
+-- run runs one call: keys and argv are the KEYS and ARGV of contract.go. Under EVAL the script
+-- ends by returning run(KEYS, ARGV); loaded as a library of Redis Functions it registers run,
+-- and the definitions above are built once rather than on every call (see script.go).
 local function run(keys, argv)
   if not call then
     bind()
     unpack = struct.unpack
   end
   KEYS_, ARGV_ = keys, argv
-  now = clock(argv[2])
-  if argv[1] == "u" then
+  now = clock(argv[ARG_NOW])
+  local op = argv[ARG_OP]
+  if op == OP_UNDO then
     return undo()
   end
   states, stored, out, nout = {}, {}, {}, 0
   if #keys > 1 then
     prefetch() -- a lone key is cheaper with GET
   end
-  if argv[1] == "m" then
+  if op == OP_MERGED then
+    -- Per batch its threshold, then its key records.
     local k0 = 0
-    for b = 3, #argv, 2 do
+    for b = ARG_MERGED, #argv, 2 do
       k0 = k0 + batch(k0, argv[b + 1], tonumber(argv[b]), false)
     end
+  elseif op == OP_DECIDE then
+    batch(0, argv[ARG_VALUES], tonumber(argv[ARG_THRESHOLD]), argv[ARG_MULTI] == "1")
   else
-    batch(0, argv[5], tonumber(argv[3]), argv[4] == "1")
+    error("rls: unknown operation " .. tostring(op))
   end
   for key, s in pairs(states) do
     -- A key whose requests were all denied still holds its stored state: leave it alone.

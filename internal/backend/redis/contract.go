@@ -1,0 +1,497 @@
+package redis
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
+)
+
+// This file is the contract between Go and decide.lua, in one place: the operations, the
+// positions of ARGV, the records of doubles a call carries and its reply returns, the states a
+// key stores, and the bits of a request's flags. luaConstants renders the same table as the Lua
+// constants the script begins with (see script.go), so the script reads every position, format
+// and bit by the name it has here; TestContract fails when decide.lua reads a record in another
+// order than this table names it, or writes a number this table names.
+//
+// Numbers travel as little-endian doubles, packed into one string per batch (arguments) or per
+// call (reply): the script unpacks and packs them in one call each, and Go decodes them without
+// allocating per value. Every number is an integer below 2^53, so exact as a double.
+
+// Script operations (ARGV[argOp]).
+const (
+	// opDecide decides one batch, or a Cluster slot's part of it. Rate is > 0: rls decides rate
+	// 0 itself. The reply is one string: a charged record, per key a decision record, and when
+	// the call is multi, per key a multi record and its entry records.
+	opDecide = "d"
+	// opMerged decides several batches, each as by opDecide not multi, in order, as one call each
+	// would; the reply is their replies, concatenated. This pays the fixed cost of a script call
+	// (and TIME) once for many concurrent calls.
+	opMerged = "m"
+	// opUndo subtracts a change opDecide wrote (for a batch another slot refused), within [now,
+	// now + burst], or under overdraft [now, now + MaxTolerance]. Under the window algorithms
+	// the change is (hits, the end of their window) or, under sliding_log, (hits, their instant)
+	// and the entries to give back. The reply is the empty string.
+	opUndo = "u"
+)
+
+// ARGV positions (1-based, as Lua numbers them). Every operation begins with argOp and argNow;
+// KEYS are the stored keys, in the order of the records.
+const (
+	argOp  = 1 // the operation
+	argNow = 2 // the instant, µs (0: Redis TIME)
+	// decide
+	// argThreshold says when to refuse the batch for its quota requests: k > 0 when k quota
+	// requests of this call are denied, which are then every quota request of the batch not
+	// already denied; 0 never; -1 refused already (see job.plan).
+	argThreshold = 3
+	argMulti     = 4 // "1" when other calls hold part of the batch (Cluster slots): reply multi records too
+	argValues    = 5 // per key a key record
+	decideArgc   = 5
+	// merged: from argMerged on, per batch its threshold and then its key records, as decide's
+	// argThreshold and argValues; KEYS are the batches' keys in order.
+	argMerged = 3
+	// undo: per key an undo record, each followed by its entries.
+	argUndo  = 3
+	undoArgc = 3
+)
+
+// Flags (keyFlags, undoFlags): one layout for every operation. Refund and mode matter to a
+// decision only; an undo reads the overdraft and the algorithm of the same request's flags.
+const (
+	flagRefund    = 1  // give the cost back
+	flagMode      = 2  // + mode × flagMode (backend.Mode: Enforce, Shadow, Quota)
+	modeSpan      = 4  // modes are below modeSpan
+	flagOverdraft = 8  // the limit's Overdraft
+	flagAlg       = 16 // + algorithm × flagAlg (limit.Algorithm)
+)
+
+// requestFlags is r's flags.
+func requestFlags(r *backend.Request) int64 {
+	flags := int64(r.Mode) * flagMode
+	if r.Refund {
+		flags += flagRefund
+	}
+	if r.Limit.Overdraft {
+		flags += flagOverdraft
+	}
+	return flags + flagAlg*int64(r.Limit.Algorithm)
+}
+
+// The records: runs of doubles, each field named as the script names the variable it reads the
+// field into (or packs it from).
+
+// Key record: one request of a decide call.
+const (
+	keyRate   = iota // > 0: rls decides rate 0 itself
+	keyPeriod        // µs
+	keyBurst
+	keyCost  // clamped: Limit.ClampCost
+	keyFlags // see requestFlags
+	// The window: offset, 0, 0 for Period-long windows; for calendar windows the start and end
+	// of the window holding rls's instant and the end of the next one (the script decides in
+	// the window before, that one or the next, whichever holds its now).
+	keyWindowA
+	keyWindowB
+	keyWindowC
+	keyWords
+)
+
+// Decision record: the reply per key, after one charged record (1: the batch's charges were
+// written, 0: not).
+const (
+	decAllowed = iota
+	decRemaining
+	decRetry // µs
+	decReset // µs
+	decisionWords
+)
+
+// Multi record: per key after every decision record of a multi call. The check is what the key
+// reports once the batch is undone; the delta the exact change written (zero but on a key's last
+// occurrence), then as many entry records as it says.
+const (
+	multiCheckRemaining = iota
+	multiCheckReset     // µs
+	multiDeltaUS
+	multiDeltaFrac // GCRA: in 1/rate µs; windows: the window's end, or sliding_log's instant
+	multiEntries
+	multiWords
+)
+
+// Entry record: hits a sliding_log refund took from the entry at an instant, given back by undo.
+const (
+	entryInstant = iota
+	entryHits
+	entryWords
+)
+
+// Undo record: one key of an undo call, as a multi record of its decide call replied, then its
+// entries.
+const (
+	undoRate = iota
+	undoPeriod
+	undoBurst
+	undoDeltaUS
+	undoDeltaFrac
+	undoFlags // see requestFlags
+	undoEntries
+	undoWords
+)
+
+// Stored states: GCRA's (a TAT of tat + frac/rate µs, written under rate and period), a fixed or
+// sliding window's, and a sliding log's header and then its entries (instant, hits admitted up
+// to it since the key's first: cumulative, so that the script finds the live entries by binary
+// search). A window's and a log's first double is the algorithm, which tells the forms apart: a
+// GCRA TAT is never 1, 2 or 3.
+const (
+	gcraTAT = iota
+	gcraFrac
+	gcraRate
+	gcraPeriod
+	gcraWords
+)
+
+const (
+	windowAlg = iota
+	windowEnd
+	windowCount
+	windowPrev
+	windowRate
+	windowPeriod
+	windowWords
+)
+
+const (
+	logAlg = iota
+	logRate
+	logPeriod
+	logEntries
+	logBase // hits before the first entry
+	logWords
+)
+
+const (
+	logEntryInstant = iota
+	logEntryTotal
+	logEntryWords
+)
+
+// record is one record of the contract: its Lua name (the script's constants <lua>_FMT,
+// <lua>_WORDS, <lua>_BYTES) and its fields in order, as the script names them.
+type record struct {
+	lua    string
+	fields []string
+}
+
+// The fields of each record, by the indices above.
+var (
+	keyFields      = [keyWords]string{keyRate: "rate", keyPeriod: "period", keyBurst: "burst", keyCost: "cost", keyFlags: "flags", keyWindowA: "wa", keyWindowB: "wb", keyWindowC: "wc"}
+	decisionFields = [decisionWords]string{decAllowed: "allowed", decRemaining: "remaining", decRetry: "retry_us", decReset: "reset_us"}
+	multiFields    = [multiWords]string{multiCheckRemaining: "check_remaining", multiCheckReset: "check_reset_us", multiDeltaUS: "delta_us", multiDeltaFrac: "delta_frac", multiEntries: "entries"}
+	entryFields    = [entryWords]string{entryInstant: "instant", entryHits: "hits"}
+	undoFields     = [undoWords]string{undoRate: "rate", undoPeriod: "period", undoBurst: "burst", undoDeltaUS: "delta_us", undoDeltaFrac: "delta_frac", undoFlags: "flags", undoEntries: "entries"}
+	gcraFields     = [gcraWords]string{gcraTAT: "tat", gcraFrac: "frac", gcraRate: "rate", gcraPeriod: "period"}
+	windowFields   = [windowWords]string{windowAlg: "alg", windowEnd: "stop", windowCount: "count", windowPrev: "prev", windowRate: "rate", windowPeriod: "period"}
+	logFields      = [logWords]string{logAlg: "alg", logRate: "rate", logPeriod: "period", logEntries: "entries", logBase: "base"}
+	logEntryFields = [logEntryWords]string{logEntryInstant: "instant", logEntryTotal: "total"}
+)
+
+// records is every record of the contract.
+var records = []record{
+	{"KEY", keyFields[:]},
+	{"CHARGED", []string{"charged"}},
+	{"DECISION", decisionFields[:]},
+	{"MULTI", multiFields[:]},
+	{"ENTRY", entryFields[:]},
+	{"UNDO", undoFields[:]},
+	{"GCRA_STATE", gcraFields[:]},
+	{"WINDOW_STATE", windowFields[:]},
+	{"LOG_STATE", logFields[:]},
+	{"LOG_ENTRY", logEntryFields[:]},
+}
+
+// luaConstants renders the contract as the Lua constants decide.lua reads: the script as sent
+// is this block and then decide.lua, one fixed text per build.
+func luaConstants() string {
+	var b strings.Builder
+	b.WriteString("-- The contract with Go, rendered from contract.go (luaConstants): edit it there.\n")
+	num := func(name string, v int64) { fmt.Fprintf(&b, "local %s = %d\n", name, v) }
+	str := func(name, v string) { fmt.Fprintf(&b, "local %s = %q\n", name, v) }
+	str("OP_DECIDE", opDecide)
+	str("OP_MERGED", opMerged)
+	str("OP_UNDO", opUndo)
+	for _, a := range []struct {
+		name string
+		pos  int64
+	}{{"ARG_OP", argOp}, {"ARG_NOW", argNow}, {"ARG_THRESHOLD", argThreshold}, {"ARG_MULTI", argMulti},
+		{"ARG_VALUES", argValues}, {"ARG_MERGED", argMerged}, {"ARG_UNDO", argUndo}} {
+		num(a.name, a.pos)
+	}
+	num("FLAG_REFUND", flagRefund)
+	num("FLAG_MODE", flagMode)
+	num("MODE_SPAN", modeSpan)
+	num("FLAG_OVERDRAFT", flagOverdraft)
+	num("FLAG_ALG", flagAlg)
+	num("MODE_ENFORCE", int64(backend.Enforce))
+	num("MODE_QUOTA", int64(backend.Quota))
+	num("ALG_GCRA", int64(limit.GCRA))
+	num("ALG_FIXED_WINDOW", int64(limit.FixedWindow))
+	num("ALG_SLIDING_WINDOW", int64(limit.SlidingWindow))
+	num("ALG_SLIDING_LOG", int64(limit.SlidingLog))
+	num("MAX_TOLERANCE", int64(limit.MaxTolerance/time.Microsecond))
+	str("DOUBLE_FMT", "<d") // a record's first field alone
+	for _, r := range records {
+		fmt.Fprintf(&b, "local %s_FMT, %s_WORDS, %s_BYTES = %q, %d, %d -- %s\n", r.lua, r.lua, r.lua,
+			"<"+strings.Repeat("d", len(r.fields)), len(r.fields), 8*len(r.fields), strings.Join(r.fields, ", "))
+	}
+	return b.String()
+}
+
+// call is one decide call of the script: a batch, or the part of it on one Cluster slot.
+type call struct {
+	// Arguments.
+	keys      []string // stored key names
+	vals      []byte   // per key: valuesPerKey doubles
+	threshold int64    // when to refuse the batch for its quota requests (see job.plan)
+	multi     bool     // other calls hold part of the batch: also reply check and delta
+
+	// Reply, filled by decodeDecide.
+	charged bool
+	dec     []backend.Decision // per key
+	check   []int64            // multi: per key remaining, reset µs
+	delta   []int64            // multi: per key µs, frac, m, then m sliding_log entries (instant, hits)
+	deltaAt []int              // multi: where each key's delta starts in delta
+	err     error              // the call failed: no reply
+
+	// Cluster: the node the call went to, and whether it goes after ASKING (its slot is being
+	// migrated to that node).
+	node   *node
+	asking bool
+}
+
+// reset empties c for reuse, keeping its buffers.
+func (c *call) reset() {
+	c.keys = c.keys[:0]
+	c.vals = c.vals[:0]
+	c.threshold = 0
+	c.multi = false
+	c.charged = false
+	c.dec = c.dec[:0]
+	c.check = c.check[:0]
+	c.delta = c.delta[:0]
+	c.deltaAt = c.deltaAt[:0]
+	c.err = nil
+	c.node = nil
+	c.asking = false
+}
+
+// add appends a request's key and its key record to c. now (µs) is this process's instant,
+// from which the calendar windows around Redis's are computed.
+func (c *call) add(key string, r *backend.Request, now int64) {
+	var v [keyWords]int64
+	v[keyRate], v[keyPeriod], v[keyBurst] = r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst
+	// Any cost beyond the burst is denied (or refunds the whole burst), any beyond MaxCharge
+	// overdraws as much, and any below 0 charges nothing, so the clamp changes no result and
+	// keeps the double exact.
+	v[keyCost] = r.Limit.ClampCost(r.Cost)
+	v[keyFlags] = requestFlags(r)
+	// The window: Period-long windows from an offset the script computes itself; calendar
+	// windows (lengths Lua cannot know: time zones, months) as the window holding this
+	// process's now and the next one, from which the script takes the one holding Redis's.
+	if w := r.Limit.Window; w.Calendar != limit.NoCalendar {
+		v[keyWindowA], v[keyWindowB] = r.Limit.Bounds(now)
+		_, v[keyWindowC] = r.Limit.Bounds(v[keyWindowB])
+	} else {
+		v[keyWindowA] = w.Offset
+	}
+	c.keys = append(c.keys, key)
+	c.vals = appendDoubles(c.vals, v[:]...)
+}
+
+// replyBytes is the length of c's reply; of a multi call's, the least (one without entries).
+func (c *call) replyBytes() int {
+	n := 1 + decisionWords*len(c.keys) // the charged record, then the decisions
+	if c.multi {
+		n += multiWords * len(c.keys)
+	}
+	return 8 * n
+}
+
+// decideArgs returns the EVALSHA arguments of c at the instant now (0: Redis TIME).
+func decideArgs(sha string, now int64, c *call) []any {
+	args := make([]any, 0, 3+len(c.keys)+5)
+	args = append(args, "evalsha", sha, len(c.keys))
+	for i := range c.keys {
+		args = append(args, &c.keys[i])
+	}
+	multi := "0"
+	if c.multi {
+		multi = "1"
+	}
+	argv := [decideArgc]any{argOp - 1: opDecide, argNow - 1: now, argThreshold - 1: c.threshold, argMulti - 1: multi,
+		argValues - 1: (*packed)(&c.vals)}
+	return append(args, argv[:]...)
+}
+
+// Arguments go to go-redis by pointer (*string, *packed): a pointer in an interface costs no
+// allocation, where a string or a slice would cost one each, per key. The call they point into
+// outlives the round trip.
+
+// packed is a call's packed values, written as one bulk string.
+type packed []byte
+
+// MarshalBinary implements encoding.BinaryMarshaler, which go-redis writes as a bulk string.
+func (p *packed) MarshalBinary() ([]byte, error) { return *p, nil }
+
+// String is what go-redis prints of the argument (in errors and logs).
+func (p *packed) String() string { return fmt.Sprintf("%x", []byte(*p)) }
+
+// mergedArgs returns the EVALSHA arguments of one script call that decides calls in order, as
+// they would be one after another. None of them may be multi.
+func mergedArgs(sha string, now int64, calls []*call) []any {
+	n := 0
+	for _, c := range calls {
+		n += len(c.keys)
+	}
+	args := make([]any, 0, 5+n+2*len(calls))
+	args = append(args, "evalsha", sha, n)
+	for _, c := range calls {
+		for i := range c.keys {
+			args = append(args, &c.keys[i])
+		}
+	}
+	argv := [argMerged - 1]any{argOp - 1: opMerged, argNow - 1: now}
+	args = append(args, argv[:]...)
+	for _, c := range calls {
+		args = append(args, c.threshold, (*packed)(&c.vals))
+	}
+	return args
+}
+
+// undoArgs returns the EVALSHA arguments that give back what a decide call wrote; vals holds
+// per key an undo record, then the entry records it counts (see appendUndo).
+func undoArgs(sha string, now int64, keys []string, vals []byte) []any {
+	args := make([]any, 0, 6+len(keys))
+	args = append(args, "evalsha", sha, len(keys))
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	argv := [undoArgc]any{argOp - 1: opUndo, argNow - 1: now, argUndo - 1: vals}
+	return append(args, argv[:]...)
+}
+
+// appendUndo appends to vals the undo record of key n of the multi call c, whose request is r,
+// and its entries, and reports whether there is anything to undo.
+func (c *call) appendUndo(vals []byte, n int, r *backend.Request) ([]byte, bool) {
+	d := c.delta[c.deltaAt[n]:] // delta_us, delta_frac, entries, then the entry records
+	m := d[2]
+	if d[0] == 0 && d[1] == 0 && m == 0 {
+		return vals, false
+	}
+	var v [undoWords]int64
+	v[undoRate], v[undoPeriod], v[undoBurst] = r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst
+	v[undoDeltaUS], v[undoDeltaFrac], v[undoFlags], v[undoEntries] = d[0], d[1], requestFlags(r), m
+	vals = appendDoubles(vals, v[:]...)
+	return appendDoubles(vals, d[3:3+entryWords*m]...), true
+}
+
+// decodeDecide reads a decide reply into c.
+func decodeDecide(reply string, c *call) error {
+	if len(reply) != c.replyBytes() && !(c.multi && len(reply) > c.replyBytes()) {
+		return fmt.Errorf("script reply: %d bytes for %d keys, want %d", len(reply), len(c.keys), c.replyBytes())
+	}
+	r := doubles(reply)
+	c.charged = r.next() == 1
+	c.dec = c.dec[:0]
+	for range c.keys {
+		var v [decisionWords]int64
+		r.record(v[:])
+		c.dec = append(c.dec, backend.Decision{
+			Allowed:    v[decAllowed] == 1,
+			Remaining:  v[decRemaining],
+			RetryAfter: time.Duration(v[decRetry]) * time.Microsecond,
+			ResetAfter: time.Duration(v[decReset]) * time.Microsecond,
+		})
+	}
+	c.check, c.delta, c.deltaAt = c.check[:0], c.delta[:0], c.deltaAt[:0]
+	if !c.multi {
+		return nil
+	}
+	for n := range c.keys {
+		// What is left holds this key's multi record and the other keys' at least.
+		if r.left() < multiWords*(len(c.keys)-n) {
+			return fmt.Errorf("script reply: %d bytes for %d keys end inside key %d's delta", len(reply), len(c.keys), n)
+		}
+		var v [multiWords]int64
+		r.record(v[:])
+		c.check = append(c.check, v[multiCheckRemaining], v[multiCheckReset])
+		c.deltaAt = append(c.deltaAt, len(c.delta))
+		m := v[multiEntries]
+		if m < 0 || m > int64(r.left()-multiWords*(len(c.keys)-n-1))/entryWords {
+			return fmt.Errorf("script reply: %d bytes for %d keys, key %d's delta says %d entries", len(reply), len(c.keys), n, m)
+		}
+		c.delta = append(c.delta, v[multiDeltaUS], v[multiDeltaFrac], m)
+		for range entryWords * m {
+			c.delta = append(c.delta, r.next())
+		}
+	}
+	if r.left() != 0 {
+		return fmt.Errorf("script reply: %d bytes for %d keys, %d more than the deltas say", len(reply), len(c.keys), 8*r.left())
+	}
+	return nil
+}
+
+// decodeMerged reads the reply of mergedArgs(calls) into each call.
+func decodeMerged(reply string, calls []*call) error {
+	want := 0
+	for _, c := range calls {
+		want += c.replyBytes()
+	}
+	if len(reply) != want {
+		return fmt.Errorf("script reply: %d bytes for %d merged calls, want %d", len(reply), len(calls), want)
+	}
+	for _, c := range calls {
+		n := c.replyBytes()
+		if err := decodeDecide(reply[:n], c); err != nil {
+			return err
+		}
+		reply = reply[n:]
+	}
+	return nil
+}
+
+// appendDoubles appends vals as little-endian doubles. Every value must be an integer below
+// 2^53 in magnitude, so exact.
+func appendDoubles(buf []byte, vals ...int64) []byte {
+	for _, v := range vals {
+		buf = binary.LittleEndian.AppendUint64(buf, math.Float64bits(float64(v)))
+	}
+	return buf
+}
+
+// doubleReader reads little-endian doubles as integers; the caller checks the length first.
+type doubleReader struct{ s string }
+
+func doubles(s string) *doubleReader { return &doubleReader{s} }
+
+// left is the number of whole doubles left to read.
+func (r *doubleReader) left() int { return len(r.s) / 8 }
+
+// record reads len(v) doubles into v.
+func (r *doubleReader) record(v []int64) {
+	for i := range v {
+		v[i] = r.next()
+	}
+}
+
+func (r *doubleReader) next() int64 {
+	var b [8]byte
+	copy(b[:], r.s[:8])
+	r.s = r.s[8:]
+	return int64(math.Float64frombits(binary.LittleEndian.Uint64(b[:])))
+}

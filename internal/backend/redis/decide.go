@@ -1,0 +1,481 @@
+package redis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"time"
+
+	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
+)
+
+// This file is one decision, in the order it runs: the local cache, the plan (the script
+// calls), the send (through route.go's groups: one on a single node, one per master on a
+// Cluster), the settle (the replies into decisions, under the batch rule), the undo (of what a
+// refused or failed batch charged), and what the cache learns. The calls' encoding is
+// contract.go's; their pipelines are node.go's and coalesce.go's.
+
+// Decide implements backend.Backend.
+func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
+	if len(out) < len(reqs) {
+		return false, fmt.Errorf("redis backend: %d decisions for %d requests", len(out), len(reqs))
+	}
+	out = out[:len(reqs)]
+
+	// The cache: a batch it knows to be denied is answered here.
+	var sent time.Time
+	cached := false // the cache may hold a denial of some key of the batch
+	if b.cache != nil {
+		sent = b.now()
+		var answered bool
+		if answered, cached = b.fromCache(reqs, out, sent); answered {
+			b.cacheHits.Add(1)
+			return backend.Admitted(reqs, out), nil
+		}
+	}
+
+	// The plan: rate 0 decided here, the rest as script calls.
+	j := b.jobs.Get().(*job)
+	if err := j.plan(b, reqs, out); err != nil {
+		b.jobs.Put(j)
+		return false, err
+	}
+	if len(j.calls) == 0 {
+		b.jobs.Put(j)
+		return backend.Admitted(reqs, out), nil
+	}
+
+	// The send, within the budget.
+	now := time.Now()
+	if err := b.send(ctx, j, now, b.budgetAt(ctx, now)); err != nil {
+		if !b.undoFailed(j, reqs) && !j.abandoned {
+			b.jobs.Put(j)
+		}
+		return false, err
+	}
+
+	// The settle, and the undo of a batch refused across slots.
+	admitted, undo, err := j.settle(reqs, out)
+	if undo {
+		if uerr := j.undo(ctx, b, reqs, nil); uerr != nil && err == nil {
+			err = uerr
+		} else if uerr != nil {
+			err = errors.Join(err, uerr)
+		}
+	}
+	b.jobs.Put(j)
+	if err != nil {
+		return false, err
+	}
+
+	// What the cache learns.
+	if b.cache != nil {
+		for i := range reqs {
+			if reqs[i].Limit.Rate > 0 && !repeated(reqs, i) && (cached || !out[i].Allowed) {
+				b.cache.learn(&reqs[i], out[i], sent)
+			}
+		}
+	}
+	return admitted, nil
+}
+
+// job is one Decide's working state, pooled so that steady-state decisions allocate little:
+// its script calls (one on a single node; one per slot on a Cluster) and their groups, one per
+// node they go to, each with the pending entry its node's coalescer queues.
+type job struct {
+	calls []call  // the script calls
+	slots []int   // per call: its Cluster slot
+	idx   [][]int // per call: its requests' indices, in batch order
+
+	groups []group
+	pend   []*pending // backing store of the groups' pendings
+
+	// After a failed send: some group may still belong to its sender (abandoned), and the calls
+	// whose replies must not be read (unread).
+	abandoned bool
+	unread    map[*call]bool
+}
+
+func newJob() *job { return &job{} }
+
+// group is the calls of a decision that go to one node.
+type group struct {
+	n   *node
+	p   *pending
+	res waitResult
+}
+
+// fromCache answers the batch when the cache knows every request of it is denied. held
+// reports whether the cache may hold an entry for some key of the batch: an admitted decision
+// must then drop it (its remaining and reset are stale), and only then, so that the common
+// admitted decision on an uncached key does not take the cache's lock again.
+func (b *Backend) fromCache(reqs []backend.Request, out []backend.Decision, now time.Time) (answered, held bool) {
+	for i := range reqs {
+		r := &reqs[i]
+		if r.Limit.Rate == 0 {
+			out[i] = decideRateZero(r)
+			continue
+		}
+		d, ok, present := b.cache.lookup(r, now)
+		if !ok {
+			// Keys after this one were not looked up: they may be held.
+			return false, present || i < len(reqs)-1
+		}
+		out[i] = d
+	}
+	return true, true
+}
+
+// plan decides the rate-0 requests of reqs into out and splits the others into script calls:
+// one on a single node, one per slot on a Cluster. It sets each call's quota threshold: this is
+// where the batch rule (backend.Charged) is cut into the parts each call can apply alone, as
+// decide.lua's charges applies it. It returns the requests' validation error, if any (a bug in
+// the caller: not unavailability).
+func (j *job) plan(b *Backend, reqs []backend.Request, out []backend.Decision) error {
+	j.calls = j.calls[:0]
+	j.slots = j.slots[:0]
+	j.idx = j.idx[:0]
+	j.groups = j.groups[:0]
+	j.abandoned, j.unread = false, nil
+	refused := false
+	quota, quotaKnown, quotaKnownAllowed := 0, 0, 0
+	calNow := int64(0) // this process's instant, for calendar windows: read once, when needed
+	for i := range reqs {
+		r := &reqs[i]
+		if err := r.Limit.Validate(); err != nil {
+			return fmt.Errorf("redis backend: request %d: %w", i, err)
+		}
+		if r.Mode == backend.Quota {
+			quota++
+		}
+		if r.Limit.Rate == 0 {
+			out[i] = decideRateZero(r)
+			switch {
+			case r.Mode == backend.Enforce && !out[i].Allowed && !r.OverdraftCharge():
+				refused = true
+			case r.Mode == backend.Quota:
+				quotaKnown++
+				if out[i].Allowed || r.OverdraftCharge() {
+					quotaKnownAllowed++
+				}
+			}
+			continue
+		}
+		key := storedKey(b.prefix, r.Key)
+		k := 0
+		if b.cluster {
+			s := slot(key)
+			for k < len(j.slots) && j.slots[k] != s {
+				k++
+			}
+			if k == len(j.slots) {
+				j.newCall(s)
+			}
+		} else if len(j.calls) == 0 {
+			j.newCall(0)
+		}
+		if r.Limit.Window.Calendar != limit.NoCalendar && calNow == 0 {
+			calNow = b.now().UnixMicro()
+		}
+		j.calls[k].add(key, r, calNow)
+		j.idx[k] = append(j.idx[k], i)
+	}
+	if quota > 0 && quota == quotaKnown && quotaKnownAllowed == 0 {
+		refused = true // every quota request is under a rate of 0
+	}
+	multi := len(j.calls) > 1
+	for k := range j.calls {
+		c := &j.calls[k]
+		c.multi = multi
+		// A call may refuse the batch for its quota requests only when it holds every one whose
+		// outcome is not known yet, and no known one is allowed.
+		switch {
+		case refused:
+			c.threshold = -1
+		case quota > 0 && quotaKnownAllowed == 0:
+			local := 0
+			for _, i := range j.idx[k] {
+				if reqs[i].Mode == backend.Quota {
+					local++
+				}
+			}
+			if local == quota-quotaKnown {
+				c.threshold = int64(local)
+			}
+		}
+	}
+	return nil
+}
+
+// newCall appends an empty call for slot s, reusing the buffers of an earlier decision.
+func (j *job) newCall(s int) {
+	if len(j.calls) < cap(j.calls) {
+		j.calls = j.calls[:len(j.calls)+1]
+		j.idx = j.idx[:len(j.idx)+1]
+	} else {
+		j.calls = append(j.calls, call{})
+		j.idx = append(j.idx, nil)
+	}
+	j.calls[len(j.calls)-1].reset()
+	j.idx[len(j.idx)-1] = j.idx[len(j.idx)-1][:0]
+	j.slots = append(j.slots, s)
+}
+
+// decideRateZero decides a request under a rate of 0, which needs no state.
+func decideRateZero(r *backend.Request) backend.Decision {
+	if r.Refund {
+		_, d := backend.Refund(backend.State{}, r.Limit, 0, r.Cost)
+		return d
+	}
+	_, d := backend.Decide(backend.State{}, r.Limit, 0, r.Cost)
+	return d
+}
+
+// Budget returns how long a decision asked with ctx may take: the caller's deadline less a
+// margin (half of what is left, at least 2ms: time for the failure mode's answer to reach the
+// caller before its deadline on a busy machine), capped by Options.Timeout.
+func (b *Backend) Budget(ctx context.Context) time.Duration { return b.budgetAt(ctx, time.Now()) }
+
+// budgetAt is Budget at the instant now.
+func (b *Backend) budgetAt(ctx context.Context, now time.Time) time.Duration {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return b.timeout
+	}
+	left := d.Sub(now)
+	return min(b.timeout, left-max(left/2, 2*time.Millisecond))
+}
+
+// send sends j's calls in their groups (see route), each node's in its own pipelines, all in
+// flight together, and waits for their replies within budget. A call that finds its slot moved
+// (MOVED, ASK on a Cluster: it ran nothing) is sent once more, to the node the reply names. The
+// decision fails, sending nothing, when a node it needs is known to be down; when some node
+// does not answer in time, it fails too (see undoFailed).
+func (b *Backend) send(ctx context.Context, j *job, now time.Time, budget time.Duration) error {
+	if err := b.route(j); err != nil {
+		return err
+	}
+	for _, g := range j.groups {
+		if !g.n.br.allow() {
+			return g.n.errOpen
+		}
+	}
+	if budget <= 0 {
+		return errShed
+	}
+	deadline := now.Add(budget)
+	for again := false; ; again = true {
+		if err := j.sendGroups(ctx, deadline); err != nil {
+			return err
+		}
+		if again || !b.rerouted(j) {
+			return nil
+		}
+	}
+}
+
+// sendGroups sends the groups of j and waits for them; see send. When it fails, it records in
+// j which calls may still belong to their senders.
+func (j *job) sendGroups(ctx context.Context, deadline time.Time) error {
+	for i := range j.groups {
+		g := &j.groups[i]
+		g.res = replied
+		if !g.n.co.submit(g.p, deadline) {
+			g.res = unsent
+		}
+	}
+	var err error
+	for i := range j.groups {
+		g := &j.groups[i]
+		if g.res == replied {
+			g.res = g.n.co.await(g.p, ctx.Done())
+		}
+		switch g.res {
+		case replied:
+			continue
+		case inFlight, canceled:
+			j.abandoned = true
+		}
+		if err != nil {
+			continue
+		}
+		if g.res == canceled {
+			err = fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
+		} else {
+			err = g.n.ranOut()
+		}
+	}
+	if err != nil && j.abandoned {
+		// Only the replied calls are read: the others may belong to their senders still.
+		j.unread = map[*call]bool{}
+		for _, g := range j.groups {
+			if g.res == inFlight || g.res == canceled {
+				for _, c := range g.p.calls {
+					j.unread[c] = true
+				}
+			}
+		}
+	}
+	return err
+}
+
+// settle fills out from the calls' replies and returns whether the batch is admitted, and
+// whether the charges the calls made must be undone: when one Cluster slot refused the batch,
+// or failed, while others charged it.
+func (j *job) settle(reqs []backend.Request, out []backend.Decision) (admitted, undo bool, err error) {
+	var errs []error
+	for k := range j.calls {
+		c := &j.calls[k]
+		if c.err != nil {
+			errs = append(errs, c.err)
+			continue
+		}
+		for n, i := range j.idx[k] {
+			out[i] = c.dec[n]
+		}
+	}
+	multi := len(j.calls) > 1
+	if len(errs) > 0 {
+		return false, multi, errors.Join(errs...)
+	}
+	admitted, charged := backend.Admitted(reqs, out), backend.Charged(reqs, out)
+	if !multi {
+		if charged != j.calls[0].charged {
+			return false, false, fmt.Errorf("redis backend: script charged=%v for a batch that is charged=%v", j.calls[0].charged, charged)
+		}
+		return admitted, false, nil
+	}
+	if charged {
+		for k := range j.calls {
+			if !j.calls[k].charged {
+				return false, false, errors.New("redis backend: script refused a slot of a charged batch")
+			}
+		}
+		return admitted, false, nil
+	}
+	// Refused by some slot: report every allowed decision as the check of the unchanged state,
+	// as it will be once the charges are undone.
+	for k := range j.calls {
+		c := &j.calls[k]
+		if !c.charged {
+			continue
+		}
+		for n, i := range j.idx[k] {
+			if out[i].Allowed {
+				out[i].Remaining = c.check[2*n]
+				out[i].ResetAfter = time.Duration(c.check[2*n+1]) * time.Microsecond
+			}
+		}
+	}
+	return false, true, nil
+}
+
+// undoFailed gives back, out of the caller's time, what the replied calls of a failed send
+// charged (some node charged its part of a decision that failed), and reports whether it took
+// j to do so: j then never goes back to the pool.
+func (b *Backend) undoFailed(j *job, reqs []backend.Request) bool {
+	charged := false
+	for k := range j.calls {
+		c := &j.calls[k]
+		charged = charged || !j.unread[c] && c.err == nil && c.charged
+	}
+	if !charged {
+		return false
+	}
+	rs := append([]backend.Request(nil), reqs...)
+	b.bgMu.Lock()
+	if b.bgClosed {
+		b.bgMu.Unlock()
+		return true
+	}
+	b.bg.Add(1)
+	b.bgMu.Unlock()
+	go func() {
+		defer b.bg.Done()
+		ctx, cancel := context.WithTimeout(b.bgCtx, max(b.timeout, time.Second))
+		defer cancel()
+		if uerr := j.undo(ctx, b, rs, j.unread); uerr != nil {
+			b.log.Debug("redis: the charges of a failed decision were not given back", "err", uerr)
+		}
+	}()
+	return true
+}
+
+// undo gives back what the charged calls of j wrote, but for those in skip, on the nodes that
+// charged them.
+func (j *job) undo(ctx context.Context, b *Backend, reqs []backend.Request, skip map[*call]bool) error {
+	type nodeUndo struct {
+		n    *node
+		cmds []*goredis.Cmd
+	}
+	var undos []nodeUndo
+	for k := range j.calls {
+		c := &j.calls[k]
+		if skip[c] || !c.charged || c.err != nil {
+			continue
+		}
+		c.charged = false
+		var keys []string
+		var vals []byte
+		for n, i := range j.idx[k] {
+			var ok bool
+			if vals, ok = c.appendUndo(vals, n, &reqs[i]); ok {
+				keys = append(keys, c.keys[n])
+			}
+		}
+		if len(keys) == 0 {
+			continue
+		}
+		n := c.node
+		if n == nil {
+			n = b.single
+		}
+		u := slices.IndexFunc(undos, func(u nodeUndo) bool { return u.n == n })
+		if u < 0 {
+			undos = append(undos, nodeUndo{n: n})
+			u = len(undos) - 1
+		}
+		undos[u].cmds = append(undos[u].cmds, newScriptCmd(undoArgs(script.Hash(), b.nowArg(), keys, vals)))
+	}
+	var wg sync.WaitGroup
+	for _, u := range undos {
+		wg.Go(func() { u.n.observe(u.n.exec(ctx, u.cmds, nil), u.cmds) })
+	}
+	wg.Wait()
+	var err error
+	for _, u := range undos {
+		for _, c := range u.cmds {
+			if cerr := c.Err(); cerr != nil && err == nil {
+				err = classify(cerr)
+			}
+		}
+	}
+	if err != nil {
+		return fmt.Errorf("undoing the charges of a refused batch: %w", err)
+	}
+	return nil
+}
+
+// repeated reports whether the key of reqs[i] occurs elsewhere in reqs: the cache learns
+// nothing of it (its decision depends on the other occurrences).
+func repeated(reqs []backend.Request, i int) bool {
+	for j := range reqs {
+		if j != i && reqs[j].Key == reqs[i].Key {
+			return true
+		}
+	}
+	return false
+}
+
+// nowArg is the instant the script decides at: 0 for Redis TIME.
+func (b *Backend) nowArg() int64 {
+	if b.scriptNow != nil {
+		return b.scriptNow()
+	}
+	return 0
+}

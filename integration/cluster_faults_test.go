@@ -302,7 +302,7 @@ func (w *stateWatch) stop() (first, last time.Time) {
 // 1 s), beyond those Redis itself refuses while cluster_state:fail (with full coverage, from
 // the master being marked failed to its replica's promotion); the failed master's keys are
 // answered again within a second of the promotion; the tight key never admits more than its
-// limit allows. Each figure of the "measure and report" is logged.
+// limit allows. Each figure BENCHMARKS.md reports for these faults is logged.
 func TestClusterMasterFault(t *testing.T) {
 	for _, fault := range []string{"sigkill", "sigstop"} {
 		for _, partial := range []bool{false, true} {

@@ -31,7 +31,7 @@ import (
 // Usage-based limits through the real binary: reports charged after the fact (overdraft),
 // checks (hits 0), and the /v1/keys endpoints with rls inspect and rls reset.
 
-// usageRules: the issue's 1000 a minute scaled to 1000 a second, so that the 4.8 minutes of
+// usageRules: a limit of 1000 tokens a minute scaled to 1000 a second, so that the 4.8 minutes of
 // debt after 800 + 5000 tokens are 4.8 seconds; the same without overdraft; and 1000 a day,
 // whose 86.4 s per token makes the total charged readable exactly from the time to reset.
 const usageRules = `
@@ -139,8 +139,8 @@ func inspectOne(t *testing.T, p *rlsProc, descriptor string) keyState {
 	return ls[0]
 }
 
-// TestUsageSequence is the issue's sequence through the binary on every backend: 800 then 5000
-// tokens reported on a 1000-a-second key (the issue's minute scaled down) put it 4800 tokens in
+// TestUsageSequence is a response-token sequence through the binary on every backend: 800 then
+// 5000 tokens reported on a 1000-a-second key (1000 a minute, scaled down) put it 4800 tokens in
 // debt; checks are denied for 4.8 seconds, with limit_remaining 0 and duration_until_reset the
 // time until repaid, and admitted after; another key is untouched; without overdraft the same
 // sequence keeps the old behaviour (the 5000 denied and not charged, the check admitted).

@@ -149,6 +149,8 @@ func TestBadValuesExit64(t *testing.T) {
 		{"overrides", []string{"--overrides", "sometimes"}, nil, []string{`--overrides "sometimes": want allow, ignore or refuse`}},
 		{"RLQS tick", []string{"--rlqs", "--rlqs-tick", "0s"}, nil, []string{"--rlqs-tick 0s: want a positive duration"}},
 		{"Redis health interval", []string{"--backend", "redis", "--redis-health-interval", "0s"}, nil, []string{"--redis-health-interval 0s: want a positive duration"}},
+		{"Redis negative timeout and sizes", []string{"--backend", "redis", "--redis-timeout", "-1s", "--redis-coalesce", "-3"}, nil,
+			[]string{"--redis-timeout -1s: want a duration ≥ 0", "--redis-coalesce -3: want a number ≥ 0"}},
 		{"Redis TLS without rediss://", []string{"--backend", "redis", "--redis-tls-ca", file}, nil, []string{"--redis-tls-* need TLS"}},
 		{"rules from files and xDS", []string{"--config", file, "--xds-server", "127.0.0.1:1"}, nil, []string{"--config and --xds-server both give the rules: keep one"}},
 		{"xDS metadata", []string{"--xds-server", "127.0.0.1:1", "--xds-node-metadata", "zone"}, nil, []string{`--xds-node-metadata: "zone": want key=value`}},

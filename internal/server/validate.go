@@ -203,6 +203,22 @@ func (c Config) validateRedis() error {
 		return nil
 	}
 	var errs []error
+	for _, d := range []struct {
+		flag string
+		v    time.Duration
+	}{{"--redis-dial-timeout", rc.DialTimeout}, {"--redis-read-timeout", rc.ReadTimeout}, {"--redis-timeout", rc.Timeout}} {
+		if d.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %v: want a duration ≥ 0 (0: the default)", d.flag, d.v))
+		}
+	}
+	for _, n := range []struct {
+		flag string
+		v    int
+	}{{"--redis-pool-size", rc.PoolSize}, {"--redis-local-cache-size", rc.LocalCacheSize}, {"--redis-coalesce", rc.Coalesce}} {
+		if n.v < 0 {
+			errs = append(errs, fmt.Errorf("%s %d: want a number ≥ 0", n.flag, n.v))
+		}
+	}
 	if rc.HealthInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--redis-health-interval %v: want a positive duration (1s by default)", rc.HealthInterval))
 	}

@@ -152,7 +152,7 @@ func TestMemoryRejectsRateOutOfRange(t *testing.T) {
 	out := make([]backend.Decision, 1)
 	_, err := m.Decide(context.Background(), []backend.Request{{Key: "k", Limit: limit.Limit{Rate: 1<<32 + 1, Period: time.Hour, Burst: 1}, Cost: 1}}, out)
 	if !errors.Is(err, limit.ErrInvalid) {
-		t.Fatalf("got %v, want ErrInvalidLimit", err)
+		t.Fatalf("got %v, want limit.ErrInvalid", err)
 	}
 }
 

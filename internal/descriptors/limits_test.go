@@ -35,7 +35,7 @@ func TestNewLimitNeverWraps(t *testing.T) {
 				return
 			}
 			if l.Spec.Period <= limit.MaxTolerance || !errors.Is(err, limit.ErrInvalid) {
-				t.Fatalf("period %v, Validate %v; want a period past %v and ErrInvalidLimit", l.Spec.Period, err, limit.MaxTolerance)
+				t.Fatalf("period %v, Validate %v; want a period past %v and limit.ErrInvalid", l.Spec.Period, err, limit.MaxTolerance)
 			}
 		})
 	}

@@ -155,6 +155,6 @@ func TestRulesHostileConfigs(t *testing.T) {
 	}
 	_, err = xds.Rules([]*rlconfv3.RateLimitConfig{{Name: "deep", Domain: "d", Descriptors: []*rlconfv3.RateLimitDescriptor{deep}}}, descriptors.Options{})
 	if err == nil || !strings.Contains(err.Error(), "xds:deep:") || !strings.Contains(err.Error(), "deeper") {
-		t.Errorf("nesting past MaxDepth: %v", err)
+		t.Errorf("nesting past limit.MaxEntries: %v", err)
 	}
 }

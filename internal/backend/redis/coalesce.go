@@ -82,21 +82,11 @@ const (
 	canceled                   // the caller's context ended
 )
 
-// do queues p's calls and waits until they are answered, deadline has passed or done is closed.
-// For any result but replied and unsent, p may still belong to its sender: the caller must not
-// reuse it. The deadline is absolute, fixed before the caller may wait for the lock: a budget
-// counted from here would start late on a starved machine and outlast the caller's own
-// deadline.
-func (c *coalescer) do(p *pending, deadline time.Time, done <-chan struct{}) waitResult {
-	if !c.submit(p, deadline) {
-		return unsent
-	}
-	return c.await(p, done)
-}
-
 // submit queues p's calls, to be answered by deadline; it returns false, queueing nothing, once
 // the coalescer is closed. await then waits for them. Between the two a caller may submit other
 // pendings to other coalescers (the nodes of a Cluster), so that they are in flight together.
+// The deadline is absolute, fixed before the caller may wait for the lock: a budget counted
+// from here would start late on a starved machine and outlast the caller's own deadline.
 func (c *coalescer) submit(p *pending, deadline time.Time) bool {
 	c.mu.Lock()
 	if c.closed {

@@ -217,3 +217,15 @@ func TestStarved(t *testing.T) {
 		t.Error("the runtime reports no /sched/latencies:seconds")
 	}
 }
+
+// do is submit then await, as a decision on one node does them: it queues p's calls and waits until they are answered, deadline has passed or done is closed.
+// For any result but replied and unsent, p may still belong to its sender: the caller must not
+// reuse it. The deadline is absolute, fixed before the caller may wait for the lock: a budget
+// counted from here would start late on a starved machine and outlast the caller's own
+// deadline.
+func (c *coalescer) do(p *pending, deadline time.Time, done <-chan struct{}) waitResult {
+	if !c.submit(p, deadline) {
+		return unsent
+	}
+	return c.await(p, done)
+}

@@ -8,6 +8,7 @@ import (
 	"unicode/utf8"
 
 	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/rls-project/rls/internal/descriptors"
 )
@@ -68,12 +69,14 @@ type ruleFile struct {
 }
 
 type descriptor struct {
-	Key            string       `json:"key"`
-	Value          string       `json:"value,omitempty"`
-	RateLimit      *rateLimit   `json:"rate_limit,omitempty"`
-	Descriptors    []descriptor `json:"descriptors,omitempty"`
-	ShadowMode     bool         `json:"shadow_mode,omitempty"`
-	DetailedMetric bool         `json:"detailed_metric,omitempty"`
+	Key            string         `json:"key"`
+	Value          string         `json:"value,omitempty"`
+	RateLimit      *rateLimit     `json:"rate_limit,omitempty"`
+	Descriptors    []descriptor   `json:"descriptors,omitempty"`
+	ShadowMode     bool           `json:"shadow_mode,omitempty"`
+	QuotaMode      bool           `json:"quota_mode,omitempty"`
+	DetailedMetric bool           `json:"detailed_metric,omitempty"`
+	Metadata       map[string]any `json:"metadata,omitempty"`
 }
 
 type rateLimit struct {
@@ -94,10 +97,20 @@ func toDescriptors(ds []*rlconfv3.RateLimitDescriptor) []descriptor {
 		out = append(out, descriptor{
 			Key: d.GetKey(), Value: d.GetValue(), RateLimit: toRateLimit(d.GetRateLimit()),
 			Descriptors: toDescriptors(d.GetDescriptors()), ShadowMode: d.GetShadowMode(),
-			DetailedMetric: d.GetDetailedMetric(),
+			QuotaMode: d.GetQuotaMode(), DetailedMetric: d.GetDetailedMetric(),
+			Metadata: toMetadata(d.GetMetadata()),
 		})
 	}
 	return out
+}
+
+// toMetadata is a descriptor's metadata as the rule format holds it (nil when it has none):
+// the Struct's JSON form, which the loader reads back into the same values.
+func toMetadata(m *structpb.Struct) map[string]any {
+	if len(m.GetFields()) == 0 {
+		return nil
+	}
+	return m.AsMap()
 }
 
 func toRateLimit(p *rlconfv3.RateLimitPolicy) *rateLimit {

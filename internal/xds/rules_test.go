@@ -5,7 +5,11 @@ import (
 	"strings"
 	"testing"
 
+	rlconfv3 "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
 	"github.com/rls-project/rls/api"
+	"github.com/rls-project/rls/internal/descriptors"
 )
 
 // TestRuleFieldsMatchAPI holds the rule format Rules writes to package api's: each field of
@@ -43,4 +47,33 @@ func kind(t reflect.Type) reflect.Kind {
 		t = t.Elem()
 	}
 	return t.Kind()
+}
+
+// TestQuotaModeAndMetadataCarried: a RateLimitConfig's quota_mode and metadata, which Envoy AI
+// Gateway and envoyproxy/ratelimit's xDS server set, reach the rule as a rule file's would.
+func TestQuotaModeAndMetadataCarried(t *testing.T) {
+	meta, err := structpb.NewStruct(map[string]any{"service_with_quota": map[string]any{"name": "service_1"}, "weight": 2.5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := Rules([]*rlconfv3.RateLimitConfig{{Name: "q", Domain: "ai-gateway-quota", Descriptors: []*rlconfv3.RateLimitDescriptor{{
+		Key: "backend_name", Value: "default/openai",
+		Descriptors: []*rlconfv3.RateLimitDescriptor{{
+			Key: "model_name_override", Value: "gpt-4", QuotaMode: true, Metadata: meta,
+			RateLimit: &rlconfv3.RateLimitPolicy{Unit: rlconfv3.RateLimitUnit_HOUR, RequestsPerUnit: 1000},
+		}, {
+			Key: "model_name_override", RateLimit: &rlconfv3.RateLimitPolicy{Unit: rlconfv3.RateLimitUnit_HOUR, RequestsPerUnit: 10},
+		}},
+	}}}}, descriptors.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rs.Match("ai-gateway-quota", []descriptors.Entry{{Key: "backend_name", Value: "default/openai"}, {Key: "model_name_override", Value: "gpt-4"}})
+	if r == nil || !r.QuotaMode || !reflect.DeepEqual(r.Metadata, meta.AsMap()) {
+		t.Fatalf("gpt-4: %+v, want quota mode and metadata %v", r, meta.AsMap())
+	}
+	r = rs.Match("ai-gateway-quota", []descriptors.Entry{{Key: "backend_name", Value: "default/openai"}, {Key: "model_name_override", Value: "other"}})
+	if r == nil || r.QuotaMode || r.Metadata != nil {
+		t.Fatalf("other model: %+v, want neither", r)
+	}
 }

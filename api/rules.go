@@ -63,7 +63,9 @@ type Descriptor struct {
 	// ShareThreshold, on a wildcard node, makes every value the wildcard matches share one bucket
 	// instead of one bucket per value.
 	ShareThreshold bool `yaml:"share_threshold"`
-	// Metadata is copied into the response's dynamic_metadata when this descriptor is admitted.
+	// Metadata is copied into the response's dynamic_metadata, under the key "metadata", when
+	// this descriptor passes (its limit allows it, or the rule is in shadow mode); where several
+	// descriptors' rules set a key, the first descriptor's value wins (objects merge key by key).
 	Metadata map[string]any `yaml:"metadata"`
 	// FailureMode overrides the server's --failure-mode for this rule when the backend fails:
 	// "allow", "deny", "error" or "local". Empty means the server's default.

@@ -71,6 +71,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, ratelimitEnv *bool) {
 	fs.BoolVar(&c.Rules.AllFiles, "config-all-files", c.Rules.AllFiles, "load every file of the --config directory and of its subdirectories, whatever its name, as envoyproxy/ratelimit's runtime directory is read (default: the directory's *.yaml and *.yml files)")
 	fs.BoolVar(&c.Rules.DotFiles, "config-dot-files", c.Rules.DotFiles, "also load files and directories whose names start with '.' (keep it off for Kubernetes ConfigMap mounts, whose ..data entries repeat every file)")
 	fs.BoolVar(&c.Rules.MergeDomains, "merge-domains", c.Rules.MergeDomains, "merge rule files (or xDS resources) that define the same domain, instead of rejecting the second")
+	fs.BoolVar(&c.Rules.Overdraft, "overdraft", c.Rules.Overdraft, "give every gcra and fixed_window limit overdraft, as a rule's overdraft: true does: hits reported past a limit are charged, into debt, rather than refused uncharged (for costs known only afterwards, such as the tokens Envoy AI Gateway reports when a stream is done; rules from xDS have no overdraft field)")
 	fs.BoolVar(&c.ShadowMode, "shadow-mode", c.ShadowMode, "put every rule in shadow mode: decide and count, but answer OK")
 	fs.BoolVar(&c.QuotaMode, "quota-mode", c.QuotaMode, "put every rule in quota mode")
 	fs.BoolVar(&c.Rules.StartWithoutRules, "start-without-rules", c.Rules.StartWithoutRules, "--xds-server: answer at once, with no limits, before the first rules arrive (default: answer UNAVAILABLE and report not ready until they do)")

@@ -95,3 +95,29 @@ func TestAlgorithmErrors(t *testing.T) {
 		})
 	}
 }
+
+// TestOptionsOverdraft: Options.Overdraft gives overdraft to the limits whose algorithm can
+// hold it, and leaves the others as they are rather than refusing them.
+func TestOptionsOverdraft(t *testing.T) {
+	const rules = `
+domain: a
+descriptors:
+  - key: g
+    rate_limit: {unit: hour, requests_per_unit: 5}
+  - key: f
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: fixed_window}
+  - key: s
+    rate_limit: {unit: hour, requests_per_unit: 5, algorithm: sliding_window}
+`
+	for _, on := range []bool{false, true} {
+		rs, err := ParseWith(map[string][]byte{"a.yaml": []byte(rules)}, Options{Overdraft: on})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for key, want := range map[string]bool{"g": on, "f": on, "s": false} {
+			if r := rs.Match("a", []Entry{{Key: key, Value: "x"}}); r == nil || r.Limits[0].Spec.Overdraft != want {
+				t.Errorf("Overdraft %v, key %s: %+v, want overdraft %v", on, key, r, want)
+			}
+		}
+	}
+}

@@ -33,6 +33,8 @@ type builder struct {
 	order  []string // merged's domains in the order first seen
 	// itemFile names the file of each top-level descriptor of a merged domain.
 	itemFile map[*yaml.Node]string
+	// overdraft is Options.Overdraft.
+	overdraft bool
 }
 
 func (b *builder) errorf(line int, format string, args ...any) {

@@ -111,7 +111,7 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 		}
 	}
 	lim := NewLimit(rl.Name, perUnit, unit, mult, burst)
-	lim.Spec.Overdraft = rl.Overdraft
+	lim.Spec.Overdraft = rl.Overdraft || (b.overdraft && (alg == limit.GCRA || alg == limit.FixedWindow))
 	lim.Spec.Algorithm = alg
 	if alg == limit.FixedWindow {
 		lim.Spec.Window = windowOf(unit, lim.UnitMultiplier, loc)

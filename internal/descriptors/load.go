@@ -24,6 +24,10 @@ type Options struct {
 	// MergeDomains merges files that define the same domain (their descriptors put together)
 	// instead of rejecting the second, as envoyproxy/ratelimit's MERGE_DOMAIN_CONFIG does.
 	MergeDomains bool
+	// Overdraft gives every limit of algorithm gcra or fixed_window overdraft, as if its rule
+	// said overdraft: true: hits reported past the limit are charged (into debt), as
+	// envoyproxy/ratelimit counts every hit. Rules that come over xDS have no overdraft field.
+	Overdraft bool
 }
 
 // Load loads a rule file, or every *.yaml and *.yml file of a directory (not recursing, skipping
@@ -113,14 +117,14 @@ func loadFS(fsys fs.FS, dir, prefix string, opts Options) (*RuleSet, error) {
 // Parse builds a RuleSet from rule files given as name → content.
 func Parse(files map[string][]byte) (*RuleSet, error) { return ParseWith(files, Options{}) }
 
-// ParseWith is Parse with opts (only MergeDomains applies).
+// ParseWith is Parse with opts (MergeDomains and Overdraft apply).
 func ParseWith(files map[string][]byte, opts Options) (*RuleSet, error) {
 	names := make([]string, 0, len(files))
 	for name := range files {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	b := &builder{rs: &RuleSet{domains: map[string]*level{}, Files: names}, domainFile: map[string]string{}}
+	b := &builder{rs: &RuleSet{domains: map[string]*level{}, Files: names}, domainFile: map[string]string{}, overdraft: opts.Overdraft}
 	if opts.MergeDomains {
 		b.merged = map[string]*mergedDomain{}
 	}

@@ -819,7 +819,7 @@ func token(s string) bool {
 // unsupported notices the settings rls has nothing for.
 func (r *reader) unsupported() {
 	r.notice("RESPONSE_DYNAMIC_METADATA", "rls does not copy the request into the response's dynamic_metadata; "+
-		"it sets a rule's metadata there when its descriptor is admitted, and quotaModeViolations")
+		"it sets a rule's metadata there, under metadata, when its descriptor passes, and quotaModeEnabled and quotaModeViolations")
 	r.noticeAll("rls reads the standard OpenTelemetry variables instead: tracing is on with OTEL_EXPORTER_OTLP_ENDPOINT set "+
 		"(OTEL_EXPORTER_OTLP_PROTOCOL http/protobuf or grpc, OTEL_SERVICE_NAME, OTEL_TRACES_SAMPLER=traceidratio with OTEL_TRACES_SAMPLER_ARG)",
 		"TRACING_ENABLED", "TRACING_SERVICE_NAME", "TRACING_SERVICE_NAMESPACE", "TRACING_SERVICE_INSTANCE_ID",

@@ -63,6 +63,7 @@ type RulesConfig struct {
 	AllFiles          bool   // --config-all-files
 	DotFiles          bool   // --config-dot-files
 	MergeDomains      bool   // --merge-domains
+	Overdraft         bool   // --overdraft
 	StartWithoutRules bool   // --start-without-rules
 	ReadyWithRules    bool   // --ready-with-rules
 }
@@ -178,7 +179,8 @@ func (c Config) fromXDS() bool { return c.XDS.Server != "" }
 
 // rulesOptions are the loader's options, for files and xDS alike.
 func (c Config) rulesOptions() descriptors.Options {
-	return descriptors.Options{AllFiles: c.Rules.AllFiles, DotFiles: c.Rules.DotFiles, MergeDomains: c.Rules.MergeDomains}
+	return descriptors.Options{AllFiles: c.Rules.AllFiles, DotFiles: c.Rules.DotFiles, MergeDomains: c.Rules.MergeDomains,
+		Overdraft: c.Rules.Overdraft}
 }
 
 // memoryOptions are the memory backend's options, for the backend and for failure mode local.

@@ -452,7 +452,7 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 			continue
 		}
 		setStatus(st, it)
-		md.add(i, r, st, it.dec.Allowed, admitted, s.quotaAll)
+		md.add(i, r, it.dec.Allowed, s.quotaAll)
 	}
 	resp.DynamicMetadata = md.build(s.log)
 	if s.headers != HeadersNone {
@@ -509,46 +509,77 @@ func setStatus(st *rlsv3.RateLimitResponse_DescriptorStatus, it *item) {
 }
 
 // responseMetadata gathers a response's dynamic metadata: quota mode's enabled flag and
-// violations, and the metadata of the rules that admitted their descriptor.
+// violations, and, nested under "metadata", the metadata of the rules whose descriptor passed.
+// The nesting and which descriptors count are envoyproxy/ratelimit's, so that a proxy reading
+// %DYNAMIC_METADATA(envoy.filters.http.ratelimit:metadata:<key>:...)% finds the same values.
 type responseMetadata struct {
 	quotaSeen       bool
 	quotaViolations []any
-	meta            map[string]any
+	meta            map[string]any // the rules' metadata, merged
 }
 
-// add takes descriptor i's share: r its rule (nil for none), st its status, allowed its limit's
-// decision, admitted the request's; quotaAll is --quota-mode.
-func (m *responseMetadata) add(i int, r *descriptors.Rule, st *rlsv3.RateLimitResponse_DescriptorStatus, allowed, admitted, quotaAll bool) {
-	if r != nil && (r.QuotaMode || quotaAll) {
+// add takes descriptor i's share: r its rule (nil for none), allowed its limit's decision;
+// quotaAll is --quota-mode.
+//
+// A rule's metadata counts when its descriptor passed: its limit allowed it, or the rule is in
+// shadow mode (its status is OK). Whether the request as a whole was admitted does not matter,
+// nor does --shadow-mode, which answers OK overall but leaves a denied descriptor denied here,
+// as envoyproxy/ratelimit does. Descriptors count in request order and the first to set a key
+// wins; where two rules set a key to objects, the objects are merged the same way, key by key.
+func (m *responseMetadata) add(i int, r *descriptors.Rule, allowed, quotaAll bool) {
+	if r == nil {
+		return
+	}
+	if r.QuotaMode || quotaAll {
 		m.quotaSeen = true
 		if !allowed {
 			m.quotaViolations = append(m.quotaViolations, float64(i))
 		}
 	}
-	if r != nil && r.Metadata != nil && st.Code == rlsv3.RateLimitResponse_OK && admitted {
+	if r.Metadata != nil && (allowed || r.ShadowMode) {
 		if m.meta == nil {
 			m.meta = map[string]any{}
 		}
-		for key, v := range r.Metadata {
-			m.meta[key] = v
+		mergeFirst(m.meta, r.Metadata)
+	}
+}
+
+// mergeFirst adds to dst the keys of src that dst lacks, and merges into dst's objects those
+// of src under the same key; a value dst holds is never replaced. It copies every object it
+// adds, so that merging into one later never changes a rule's metadata.
+func mergeFirst(dst, src map[string]any) {
+	for k, v := range src {
+		sv, srcObj := v.(map[string]any)
+		if have, ok := dst[k]; ok {
+			if dv, dstObj := have.(map[string]any); dstObj && srcObj {
+				mergeFirst(dv, sv)
+			}
+			continue
 		}
+		if srcObj {
+			obj := make(map[string]any, len(sv))
+			mergeFirst(obj, sv)
+			v = obj
+		}
+		dst[k] = v
 	}
 }
 
 // build returns the metadata as the response carries it, nil when there is none. Metadata that
 // a Struct cannot hold is dropped with a warning.
 func (m *responseMetadata) build(log *slog.Logger) *structpb.Struct {
-	if m.quotaSeen {
-		if m.meta == nil {
-			m.meta = map[string]any{}
-		}
-		m.meta["quotaModeEnabled"] = true
-		m.meta["quotaModeViolations"] = m.quotaViolations
-	}
-	if m.meta == nil {
+	if !m.quotaSeen && m.meta == nil {
 		return nil
 	}
-	md, err := structpb.NewStruct(m.meta)
+	top := map[string]any{}
+	if m.meta != nil {
+		top["metadata"] = m.meta
+	}
+	if m.quotaSeen {
+		top["quotaModeEnabled"] = true
+		top["quotaModeViolations"] = m.quotaViolations
+	}
+	md, err := structpb.NewStruct(top)
 	if err != nil {
 		log.Warn("dropping dynamic metadata", slog.Any("err", err))
 		return nil

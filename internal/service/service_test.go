@@ -281,7 +281,7 @@ func TestShadowAndQuota(t *testing.T) {
 		t.Fatalf("shadow over: %v", r)
 	}
 	r = f.ask(t, desc("quota", "q"))
-	if codesOf(r) != "OK OK" || r.DynamicMetadata.AsMap()["backend"] != "primary" {
+	if md, _ := r.DynamicMetadata.AsMap()["metadata"].(map[string]any); codesOf(r) != "OK OK" || md["backend"] != "primary" {
 		t.Fatalf("quota within: %v", r)
 	}
 	r = f.ask(t, desc("quota", "q"), desc("quota", "q2"))

@@ -138,6 +138,22 @@ func TestEnvoyGatewayEnvironment(t *testing.T) {
 			}
 			defer conn.Close()
 			c := rlsv3.NewRateLimitServiceClient(conn)
+			if withTLS {
+				// GRPC_SERVER_TLS_CA_CERT is the client CA: a client without a certificate
+				// signed by it is refused.
+				bare, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(credentials.NewTLS(&tls.Config{
+					RootCAs: pki.caPool, ServerName: "localhost"})))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer bare.Close()
+				if _, err := egAsk(t, rlsv3.NewRateLimitServiceClient(bare), "u0"); status.Code(err) != codes.Unavailable {
+					t.Errorf("without a client certificate: %v, want the handshake refused (UNAVAILABLE)", err)
+				}
+				if !strings.Contains(p.Output(), "grpc-tls-client-ca") {
+					t.Errorf("the client CA is not reported at start:\n%s", p.Output())
+				}
+			}
 			if got := egAdmitted(t, c, "u0", 5); got != 5 {
 				t.Fatalf("before any rules: %d of 5 admitted, want all", got)
 			}

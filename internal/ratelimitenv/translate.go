@@ -1,6 +1,7 @@
 package ratelimitenv
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -75,7 +76,7 @@ const LocalCacheBytesPerKey = 128
 
 // extraVars are variables envoyproxy/ratelimit deployments set that its settings do not read.
 var extraVars = []string{
-	"GRPC_SERVER_TLS_CA_CERT", // set by Envoy Gateway; envoyproxy/ratelimit reads GRPC_CLIENT_TLS_CACERT
+	"GRPC_SERVER_TLS_CA_CERT", // set by Envoy Gateway; read as GRPC_CLIENT_TLS_CACERT is (see clientCA)
 }
 
 // debugHost is the debug listener's host when DEBUG_PORT is set without DEBUG_HOST: rls's
@@ -711,6 +712,24 @@ func (r *reader) modes() {
 	}
 }
 
+// clientCA sets --grpc-tls-client-ca, the CA that client certificates must be signed by
+// (clients without one are refused), from GRPC_CLIENT_TLS_CACERT, envoyproxy/ratelimit's name,
+// or GRPC_SERVER_TLS_CA_CERT, the name Envoy Gateway sets (envoyproxy/ratelimit does not read
+// it, and so verifies no client certificate there). When both are set to different files,
+// GRPC_CLIENT_TLS_CACERT wins: it is the one envoyproxy/ratelimit itself reads, so an
+// environment written for it keeps verifying against the CA it named.
+func (r *reader) clientCA() {
+	own, haveOwn := r.get("GRPC_CLIENT_TLS_CACERT")
+	eg, haveEG := r.get("GRPC_SERVER_TLS_CA_CERT")
+	switch {
+	case haveOwn && haveEG && own != eg:
+		r.set("grpc-tls-client-ca", own, "GRPC_CLIENT_TLS_CACERT")
+		r.notice("GRPC_SERVER_TLS_CA_CERT", "GRPC_CLIENT_TLS_CACERT is set too, to another file, and wins: client certificates are verified against %s, not this", own)
+	case haveOwn || haveEG:
+		r.set("grpc-tls-client-ca", cmp.Or(own, eg), "GRPC_CLIENT_TLS_CACERT", "GRPC_SERVER_TLS_CA_CERT")
+	}
+}
+
 func (r *reader) grpcTLS() {
 	if r.boolean("GRPC_SERVER_USE_TLS", false) {
 		r.accounted["GRPC_SERVER_USE_TLS"] = true
@@ -720,12 +739,10 @@ func (r *reader) grpcTLS() {
 		}
 		r.set("grpc-tls-cert", r.vars["GRPC_SERVER_TLS_CERT"], "GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_CERT")
 		r.set("grpc-tls-key", r.vars["GRPC_SERVER_TLS_KEY"], "GRPC_SERVER_USE_TLS", "GRPC_SERVER_TLS_KEY")
-		if v, ok := r.get("GRPC_CLIENT_TLS_CACERT"); ok {
-			r.set("grpc-tls-client-ca", v, "GRPC_CLIENT_TLS_CACERT")
-		}
+		r.clientCA()
 		if v, ok := r.get("GRPC_CLIENT_TLS_SAN"); ok {
-			if !r.has("GRPC_CLIENT_TLS_CACERT") {
-				r.notice("GRPC_CLIENT_TLS_SAN", "GRPC_CLIENT_TLS_CACERT is not set, so client certificates are not asked for and this is not used, as in envoyproxy/ratelimit")
+			if !r.has("GRPC_CLIENT_TLS_CACERT") && !r.has("GRPC_SERVER_TLS_CA_CERT") {
+				r.notice("GRPC_CLIENT_TLS_SAN", "neither GRPC_CLIENT_TLS_CACERT nor GRPC_SERVER_TLS_CA_CERT is set, so client certificates are not asked for and this is not used, as in envoyproxy/ratelimit")
 			} else {
 				r.set("grpc-tls-client-san", v, "GRPC_CLIENT_TLS_SAN")
 			}
@@ -733,10 +750,8 @@ func (r *reader) grpcTLS() {
 	} else {
 		r.accounted["GRPC_SERVER_USE_TLS"] = true
 		r.noticeAll("GRPC_SERVER_USE_TLS is not true: gRPC is served in plaintext and this is not used, as in envoyproxy/ratelimit",
-			"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN")
+			"GRPC_SERVER_TLS_CERT", "GRPC_SERVER_TLS_KEY", "GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN", "GRPC_SERVER_TLS_CA_CERT")
 	}
-	r.notice("GRPC_SERVER_TLS_CA_CERT", "not an envoyproxy/ratelimit setting (it reads GRPC_CLIENT_TLS_CACERT), so client certificates are not verified; "+
-		"rls does the same: set GRPC_CLIENT_TLS_CACERT or --grpc-tls-client-ca to require them")
 	age := r.duration("GRPC_MAX_CONNECTION_AGE", 24*time.Hour)
 	grace := r.duration("GRPC_MAX_CONNECTION_AGE_GRACE", time.Hour)
 	r.set("grpc-max-connection-age", age.String(), "GRPC_MAX_CONNECTION_AGE")

@@ -215,6 +215,7 @@ func TestEnvoyGateway(t *testing.T) {
 		{"redis-url", "redis://redis.redis.svc:6379", "REDIS_SOCKET_TYPE, REDIS_URL"},
 		{"grpc-tls-cert", "/certs/tls.crt", "GRPC_SERVER_USE_TLS, GRPC_SERVER_TLS_CERT"},
 		{"grpc-tls-key", "/certs/tls.key", "GRPC_SERVER_USE_TLS, GRPC_SERVER_TLS_KEY"},
+		{"grpc-tls-client-ca", "/certs/ca.crt", "GRPC_SERVER_TLS_CA_CERT"},
 		{"grpc-max-connection-age", "24h0m0s", "default of GRPC_MAX_CONNECTION_AGE"},
 		{"grpc-max-connection-age-grace", "1h0m0s", "default of GRPC_MAX_CONNECTION_AGE_GRACE"},
 	}
@@ -226,7 +227,7 @@ func TestEnvoyGateway(t *testing.T) {
 		noticed = append(noticed, n.Var)
 	}
 	wantNoticed := []string{"RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT",
-		"GRPC_SERVER_TLS_CA_CERT", "USE_STATSD", "STATSD_PORT"}
+		"USE_STATSD", "STATSD_PORT"}
 	if !reflect.DeepEqual(noticed, wantNoticed) {
 		t.Errorf("notices for %v, want %v", noticed, wantNoticed)
 	}
@@ -317,7 +318,13 @@ func TestSettings(t *testing.T) {
 		{"grpc mtls", []string{"USE_STATSD=true", "GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/c", "GRPC_SERVER_TLS_KEY=/k", "GRPC_CLIENT_TLS_CACERT=/ca", "GRPC_CLIENT_TLS_SAN=envoy", "GRPC_MAX_CONNECTION_AGE=5m", "GRPC_MAX_CONNECTION_AGE_GRACE=0s"},
 			map[string]string{"grpc-tls-cert": "/c", "grpc-tls-key": "/k", "grpc-tls-client-ca": "/ca", "grpc-tls-client-san": "envoy",
 				"grpc-max-connection-age": "5m0s", "grpc-max-connection-age-grace": "0s"}},
-		{"grpc tls off", []string{"USE_STATSD=true", "GRPC_SERVER_TLS_CERT=/c", "GRPC_SERVER_TLS_KEY=/k"}, map[string]string{"grpc-tls-cert": ""}},
+		{"grpc mtls, envoy gateway's name", []string{"USE_STATSD=true", "GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/c", "GRPC_SERVER_TLS_KEY=/k", "GRPC_SERVER_TLS_CA_CERT=/eg-ca", "GRPC_CLIENT_TLS_SAN=envoy"},
+			map[string]string{"grpc-tls-client-ca": "/eg-ca", "grpc-tls-client-san": "envoy"}},
+		{"grpc mtls, both names alike", []string{"USE_STATSD=true", "GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/c", "GRPC_SERVER_TLS_KEY=/k", "GRPC_SERVER_TLS_CA_CERT=/ca", "GRPC_CLIENT_TLS_CACERT=/ca"},
+			map[string]string{"grpc-tls-client-ca": "/ca"}},
+		{"grpc mtls, both names differ", []string{"USE_STATSD=true", "GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/c", "GRPC_SERVER_TLS_KEY=/k", "GRPC_SERVER_TLS_CA_CERT=/eg-ca", "GRPC_CLIENT_TLS_CACERT=/own-ca"},
+			map[string]string{"grpc-tls-client-ca": "/own-ca"}},
+		{"grpc tls off", []string{"USE_STATSD=true", "GRPC_SERVER_TLS_CERT=/c", "GRPC_SERVER_TLS_KEY=/k", "GRPC_SERVER_TLS_CA_CERT=/ca"}, map[string]string{"grpc-tls-cert": "", "grpc-tls-client-ca": ""}},
 		{"prometheus", []string{"USE_STATSD=false", "USE_PROMETHEUS=true", "PROMETHEUS_ADDR=:19001"},
 			map[string]string{"metrics-addr": ":19001", "metrics-path": "/metrics"}},
 		{"prometheus off", []string{"USE_STATSD=true", "PROMETHEUS_ADDR=:19001"}, map[string]string{"metrics-addr": ""}},
@@ -372,7 +379,9 @@ func TestNotices(t *testing.T) {
 		{"metadata dropped", []string{"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_NODE_METADATA=k:v,a=b"}, map[string]string{"CONFIG_GRPC_XDS_NODE_METADATA": `"k:v"`}},
 		{"sentinel auth without sentinel", []string{"REDIS_SOCKET_TYPE=tcp", "REDIS_URL=r:1", "REDIS_SENTINEL_AUTH=secret"}, map[string]string{"REDIS_SENTINEL_AUTH": "not sentinel"}},
 		{"socket type with cluster", []string{"REDIS_TYPE=cluster", "REDIS_URL=a:1", "REDIS_SOCKET_TYPE=unix"}, map[string]string{"REDIS_SOCKET_TYPE": "over TCP"}},
-		{"ca cert name", []string{"USE_STATSD=true", "GRPC_SERVER_TLS_CA_CERT=/ca"}, map[string]string{"GRPC_SERVER_TLS_CA_CERT": "GRPC_CLIENT_TLS_CACERT"}},
+		{"ca cert name without tls", []string{"USE_STATSD=true", "GRPC_SERVER_TLS_CA_CERT=/ca"}, map[string]string{"GRPC_SERVER_TLS_CA_CERT": "plaintext"}},
+		{"both ca cert names", []string{"USE_STATSD=true", "GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/c", "GRPC_SERVER_TLS_KEY=/k", "GRPC_SERVER_TLS_CA_CERT=/eg-ca", "GRPC_CLIENT_TLS_CACERT=/own-ca"},
+			map[string]string{"GRPC_SERVER_TLS_CA_CERT": "GRPC_CLIENT_TLS_CACERT is set too, to another file, and wins: client certificates are verified against /own-ca"}},
 		{"dynamic metadata", []string{"USE_STATSD=true", "RESPONSE_DYNAMIC_METADATA=true"}, map[string]string{"RESPONSE_DYNAMIC_METADATA": "dynamic_metadata"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

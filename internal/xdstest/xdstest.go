@@ -46,7 +46,20 @@ type Server struct {
 // Start starts a server; tlsConf, when set, makes it serve TLS. It stops with the test.
 func Start(t testing.TB, tlsConf *tls.Config) *Server {
 	t.Helper()
-	s := &Server{t: t, cache: cache.NewSnapshotCache(true, cache.IDHash{}, nil), tls: tlsConf}
+	return start(t, tlsConf, true)
+}
+
+// StartAsAIGateway starts a plaintext server built as Envoy AI Gateway's controller builds its
+// rate-limit xDS server (internal/ratelimit/runner): the aggregated discovery service over a
+// snapshot cache without ADS ordering. It stops with the test.
+func StartAsAIGateway(t testing.TB) *Server {
+	t.Helper()
+	return start(t, nil, false)
+}
+
+func start(t testing.TB, tlsConf *tls.Config, ads bool) *Server {
+	t.Helper()
+	s := &Server{t: t, cache: cache.NewSnapshotCache(ads, cache.IDHash{}, nil), tls: tlsConf}
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

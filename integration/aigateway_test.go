@@ -74,7 +74,8 @@ func aigDesc(model string, cost int64, buckets ...string) *ratelimitv3.RateLimit
 // AI gateway's manifests give envoyproxy/ratelimit, and with rls's own flags. It sends what
 // Envoy sends: a check per request, the tokens charged at stream done. A budget runs out after
 // the charged cost and the next request is denied; bucket rules in quota mode deny only when
-// every bucket is spent; an update from the xDS server takes effect.
+// every bucket is spent; an update from the xDS server takes effect, and so does the removal of
+// every rule.
 func TestAIGatewayQuotaPolicy(t *testing.T) {
 	for _, how := range []string{"ratelimit environment", "rls flags"} {
 		t.Run(how, func(t *testing.T) {
@@ -173,9 +174,42 @@ func TestAIGatewayQuotaPolicy(t *testing.T) {
 			if resp := ask(aigDesc("gpt-4", -1)); codes_(resp) != "OVER_LIMIT OVER_LIMIT" {
 				t.Fatalf("gpt-4 after the update: %v, want its spent budget kept", resp)
 			}
+			// The last QuotaPolicy deleted: the controller serves no RateLimitConfig, and
+			// nothing is limited.
+			xs.Set(aigNodeID, "3")
+			xs.WaitACK("3", 20*time.Second)
+			if resp := ask(aigDesc("gpt-4", -1)); codes_(resp) != "OK OK" || resp.GetStatuses()[0].GetCurrentLimit() != nil {
+				t.Fatalf("gpt-4 with no QuotaPolicy left: %v, want OK with no limit", resp)
+			}
 			if n := redisKeys(t, r.Addr(), "*"); n == 0 {
 				t.Error("no key in Redis: the decisions were not made there")
 			}
 		})
+	}
+}
+
+// TestAIGatewayBeforeAnyQuotaPolicy: the controller sets no snapshot until a QuotaPolicy is
+// reconciled, so without --start-without-rules (FORCE_START_WITHOUT_INITIAL_CONFIG) rls would
+// stay not ready; with it rls is ready at once, limits nothing, and limits once rules arrive.
+func TestAIGatewayBeforeAnyQuotaPolicy(t *testing.T) {
+	xs := xdstest.StartAsAIGateway(t)
+	p := startRLS(t, nil, "--xds-server", xs.Addr, "--xds-node-id", aigNodeID, "--backend", "memory",
+		"--overdraft", "--start-without-rules")
+	c := p.client(t)
+	ask := func() *rlsv3.RateLimitResponse {
+		t.Helper()
+		resp, err := c.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: aigDomain, Descriptors: []*ratelimitv3.RateLimitDescriptor{aigDesc("gpt-4", 50)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp
+	}
+	if resp := ask(); codes_(resp) != "OK OK" || resp.GetStatuses()[0].GetCurrentLimit() != nil {
+		t.Fatalf("before any QuotaPolicy: %v, want OK with no limit", resp)
+	}
+	xs.Set(aigNodeID, "1", aigConfig(0))
+	xs.WaitACK("1", 20*time.Second)
+	if resp := ask(); codes_(resp) != "OVER_LIMIT OVER_LIMIT" {
+		t.Fatalf("50 tokens on gpt-4's 10 an hour: %v, want OVER_LIMIT", resp)
 	}
 }

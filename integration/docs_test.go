@@ -272,3 +272,35 @@ func TestSlugify(t *testing.T) {
 		t.Errorf("headingAnchors: %v, want a, a-1 and a-2 only", got)
 	}
 }
+
+// TestDocPages: the README stays a short entry point, and every page of docs/ opens with its
+// title and a line on what it covers, so a newcomer can tell the pages apart from their tops.
+func TestDocPages(t *testing.T) {
+	readme, err := os.ReadFile(filepath.Join(repoRoot(), "README.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(readme), "\n"); n > 250 {
+		t.Errorf("README.md has %d lines, want at most 250: move the detail to a page of docs/", n)
+	}
+	pages, err := filepath.Glob(filepath.Join(repoRoot(), "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pages) < 12 {
+		t.Errorf("docs/ has %d pages, want at least 12", len(pages))
+	}
+	for _, page := range pages {
+		b, err := os.ReadFile(page)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines := strings.SplitN(string(b), "\n", 4)
+		if len(lines) < 3 || !strings.HasPrefix(lines[0], "# ") || lines[1] != "" || !strings.HasPrefix(lines[2], "This page ") {
+			t.Errorf("docs/%s does not open with \"# Title\", a blank line and \"This page covers...\"", filepath.Base(page))
+		}
+		if !strings.Contains(string(readme), "(docs/"+filepath.Base(page)+")") {
+			t.Errorf("README.md's map of docs/ does not link docs/%s", filepath.Base(page))
+		}
+	}
+}

@@ -59,7 +59,7 @@ func (d Descriptor) String() string {
 var ErrInvalid = errors.New("client: invalid request")
 
 // MaxValueBytes is the longest descriptor value rls accepts. The client checks a request
-// against the very bounds rls enforces (see rls's README) before it sends it.
+// against the very bounds rls enforces (see rls's docs/rules.md, "How a request is answered") before it sends it.
 const MaxValueBytes = limit.MaxValueBytes
 
 func validate(descs []Descriptor) error {

@@ -17,7 +17,7 @@ import (
 // asking rls while every descriptor of the request has room in its local bucket. A request the
 // local tier cannot admit goes to rls, which decides it as always. So the local tier takes
 // bursts off rls and off the request's latency, and a process admits at most what its local
-// buckets hold plus what rls admits: see the README on sizing it from the global limit and the
+// buckets hold plus what rls admits: see docs/go-client.md on sizing it from the global limit and the
 // replica count.
 type LocalTier struct {
 	// Limit returns the local limit of a descriptor; ok false sends every request with that

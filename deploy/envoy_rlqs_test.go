@@ -66,7 +66,7 @@ func rlqsFilter(t *testing.T, data []byte) (*rlqsfv3.RateLimitQuotaFilterConfig,
 	return cfg, settings, filters
 }
 
-// TestRLQSBootstrap checks the properties README.md's RLQS section relies on.
+// TestRLQSBootstrap checks the properties docs/rlqs.md relies on.
 func TestRLQSBootstrap(t *testing.T) {
 	data, err := os.ReadFile("envoy/envoy-rlqs.yaml")
 	if err != nil {

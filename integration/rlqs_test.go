@@ -122,7 +122,7 @@ func TestRLQSShares(t *testing.T) {
 		// the fraction x of an interval, and unless x ≥ 0.983 what is left keeps the new proxies
 		// under 90% of their shares, so the worst case is 1.983 intervals (595 ms) and the time
 		// that report takes through rls to the proxies waiting for the room it releases (woken at
-		// once, on any replica). Measured: see README.
+		// once, on any replica). Measured: see docs/rlqs.md.
 		if f.follow < 0 || f.follow > rlqsFollowBound {
 			for _, sh := range f.samples {
 				if sh.at >= rlqsShiftAt-100*time.Millisecond && sh.at < rlqsShiftAt+time.Second {

@@ -339,8 +339,8 @@ func withHits(desc *ratelimitv3.RateLimitDescriptor, hits uint64) *ratelimitv3.R
 // TestEnvoyTokenDescriptors plays Envoy running deploy/envoy/envoy-tokens.yaml against the real
 // rls loaded with deploy/envoy/rules-tokens: it derives from the route's two rate limits the
 // descriptors Envoy sends at request time (the check, hits_addend 0) and when the stream is done
-// (the report, hits_addend from the dynamic metadata the Lua filter sets), and checks what the
-// README promises: after 800 + 5000 tokens on the 1000-a-minute key, the next request is
+// (the report, hits_addend from the dynamic metadata the Lua filter sets), and checks what
+// docs/usage-limits.md promises: after 800 + 5000 tokens on the 1000-a-minute key, the next request is
 // answered 429 with Retry-After 4.8 minutes (the debt), while another key is untouched.
 func TestEnvoyTokenDescriptors(t *testing.T) {
 	bs := envoytest.Load(t, envoyFile("envoy-tokens.yaml"))

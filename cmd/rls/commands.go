@@ -19,24 +19,37 @@ import (
 	"github.com/rls-project/rls/internal/service"
 )
 
+// validateOptions are rls validate's flags.
+type validateOptions struct {
+	config  *string
+	callers *string
+	rules   descriptors.Options
+}
+
+// validateFlags registers rls validate's flags on fs.
+func validateFlags(fs *flag.FlagSet) *validateOptions {
+	o := &validateOptions{}
+	o.config = fs.String("config", "", "rule file or directory of *.yaml/*.yml rule files (or give it as the argument)")
+	fs.BoolVar(&o.rules.AllFiles, "config-all-files", false, "every file of the directory and of its subdirectories, as serve's --config-all-files")
+	fs.BoolVar(&o.rules.DotFiles, "config-dot-files", false, "also files whose names start with '.', as serve's --config-dot-files")
+	fs.BoolVar(&o.rules.MergeDomains, "merge-domains", false, "merge files that define the same domain, as serve's --merge-domains")
+	o.callers = fs.String("caller-policy", "", "also check this caller policy file, as serve's --caller-policy (alone: only it)")
+	return o
+}
+
 // runValidate loads rule files and reports every problem. The path comes as an argument or as
 // --config, the flag serve reads it from.
 func runValidate(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	config := fs.String("config", "", "rule file or directory of *.yaml/*.yml rule files (or give it as the argument)")
-	var opts descriptors.Options
-	fs.BoolVar(&opts.AllFiles, "config-all-files", false, "every file of the directory and of its subdirectories, as serve's --config-all-files")
-	fs.BoolVar(&opts.DotFiles, "config-dot-files", false, "also files whose names start with '.', as serve's --config-dot-files")
-	fs.BoolVar(&opts.MergeDomains, "merge-domains", false, "merge files that define the same domain, as serve's --merge-domains")
-	callers := fs.String("caller-policy", "", "also check this caller policy file, as serve's --caller-policy (alone: only it)")
+	o := validateFlags(fs)
+	config, callers, opts := o.config, o.callers, o.rules
 	usage := func() error {
 		fmt.Fprintln(stderr, "usage: rls validate PATH, or rls validate --config PATH (a rule file or a directory of *.yaml/*.yml files), or rls validate --caller-policy FILE")
 		return errUsage
 	}
-	fs.Usage = func() { usage(); fs.PrintDefaults() }
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	path := *config
 	switch {
@@ -82,17 +95,32 @@ func (d *descriptorFlag) Set(s string) error {
 // descriptorUsage is the help of the commands' --descriptor flag.
 const descriptorUsage = "a descriptor as " + service.DescriptorFormat + "; repeat for several; arguments after the flags count too"
 
+// checkOptions are rls check's flags.
+type checkOptions struct {
+	addr, domain *string
+	hits         *uint
+	timeout      *time.Duration
+	descs        *descriptorFlag
+}
+
+// checkFlags registers rls check's flags on fs.
+func checkFlags(fs *flag.FlagSet) *checkOptions {
+	o := &checkOptions{descs: &descriptorFlag{}}
+	o.addr = fs.String("addr", "localhost:8081", "rls gRPC address")
+	o.domain = fs.String("domain", "example", "rate-limit domain")
+	o.hits = fs.Uint("hits", 0, "hits_addend (0 means 1)")
+	o.timeout = fs.Duration("timeout", 5*time.Second, "deadline for the call")
+	fs.Var(o.descs, "descriptor", descriptorUsage)
+	return o
+}
+
 // runCheck sends one ShouldRateLimit request and prints the response as JSON. It returns
 // errOverLimit (exit status 2) when the answer is OVER_LIMIT.
 func runCheck(ctx context.Context, args, env []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", "localhost:8081", "rls gRPC address")
-	domain := fs.String("domain", "example", "rate-limit domain")
-	hits := fs.Uint("hits", 0, "hits_addend (0 means 1)")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline for the call")
-	var descs descriptorFlag
-	fs.Var(&descs, "descriptor", descriptorUsage)
+	o := checkFlags(fs)
+	addr, domain, hits, timeout, descs := o.addr, o.domain, o.hits, o.timeout, o.descs
 	if err := parseFlags(fs, args, env); err != nil {
 		return err
 	}
@@ -102,7 +130,7 @@ func runCheck(ctx context.Context, args, env []string, stdout, stderr io.Writer)
 			return errUsage
 		}
 	}
-	if len(descs) == 0 {
+	if len(*descs) == 0 {
 		fmt.Fprintln(stderr, "rls check: give at least one descriptor, e.g. rls check api_key=k1")
 		return errUsage
 	}
@@ -118,7 +146,7 @@ func runCheck(ctx context.Context, args, env []string, stdout, stderr io.Writer)
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
 	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{
-		Domain: *domain, Descriptors: descs, HitsAddend: uint32(*hits),
+		Domain: *domain, Descriptors: *descs, HitsAddend: uint32(*hits),
 	})
 	if err != nil {
 		return fmt.Errorf("ShouldRateLimit %s: %w", *addr, err)

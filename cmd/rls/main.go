@@ -6,6 +6,9 @@
 //	rls check [flags] k=v,...   ask a running server once and print the answer
 //	rls inspect [flags] k=v,... read a descriptor's state from a running server, charging nothing
 //	rls reset [flags] k=v,...   give a descriptor's budget back (needs the admin token)
+//	rls help [COMMAND]          list the commands and serve's flags, or say what one command does
+//
+// docs/flags.md lists every flag; TestFlagsDoc keeps it equal to the flag definitions.
 package main
 
 import (

@@ -16,27 +16,43 @@ var (
 	errUsage     = errors.New("usage")
 )
 
-// run is the whole program: args without the program name, env as os.Environ returns it.
+// run is the whole program: args without the program name, env as os.Environ returns it. The
+// help asked for (rls -h, rls help, rls CMD --help) is written to stdout and returns nil.
 func run(ctx context.Context, args []string, env []string, stdout, stderr io.Writer) error {
-	if len(args) > 0 {
-		switch args[0] {
-		case "validate":
-			return runValidate(args[1:], stdout, stderr)
-		case "check":
-			return runCheck(ctx, args[1:], env, stdout, stderr)
-		case "inspect", "reset":
-			return runKeys(ctx, args[0], args[1:], env, stdout, stderr)
-		case "serve":
-			args = args[1:]
-		case "help":
-			args = []string{"-h"}
-		default:
-			if !strings.HasPrefix(args[0], "-") {
-				fmt.Fprintf(stderr, "rls: unknown command %q: want serve, validate, check, inspect or reset\n", args[0])
-				return errUsage
-			}
-		}
+	name, explicit := "serve", false
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		name, explicit = args[0], true
+		args = args[1:]
 	}
+	var err error
+	switch name {
+	case "validate":
+		err = runValidate(args, stdout, stderr)
+	case "check":
+		err = runCheck(ctx, args, env, stdout, stderr)
+	case "inspect", "reset":
+		err = runKeys(ctx, name, args, env, stdout, stderr)
+	case "help":
+		err = runHelp(args, stdout, stderr)
+	case "serve":
+		err = runServe(ctx, args, env, stderr)
+	default:
+		fmt.Fprintf(stderr, "rls: unknown command %q: want %s (rls help lists them)\n", name, commandNames())
+		return errUsage
+	}
+	if !errors.Is(err, errHelp) {
+		return err
+	}
+	if c, ok := lookupCommand(name); ok && explicit && name != "help" {
+		printCommandHelp(stdout, c)
+	} else if name == "serve" {
+		printOverview(stdout)
+	}
+	return nil
+}
+
+// runServe is `rls serve`: it parses and validates the configuration, then serves until ctx ends.
+func runServe(ctx context.Context, args, env []string, stderr io.Writer) error {
 	cfg, err := parseServeFlags(args, env, stderr)
 	if err != nil {
 		return err
@@ -47,31 +63,35 @@ func run(ctx context.Context, args []string, env []string, stdout, stderr io.Wri
 	return server.Serve(ctx, cfg, stderr)
 }
 
+// parseArgs parses args into fs: errHelp for -h or --help, errUsage (after the flag package's
+// message and a pointer to the help) for any other error.
+func parseArgs(fs *flag.FlagSet, args []string) error {
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, flag.ErrHelp):
+		return errHelp
+	default:
+		// The flag package has printed the error.
+		fmt.Fprintf(fs.Output(), "Run \"rls help %s\" for its flags.\n", fs.Name())
+		return errUsage
+	}
+}
+
 // envName is the environment variable that sets flag name: --grpc-addr is RLS_GRPC_ADDR.
 func envName(name string) string {
 	return "RLS_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
 }
 
 // parseFlags parses args into fs; a flag not given on the command line takes its RLS_* variable
-// from env when set. -h prints usage (without testing-only flags) and returns errUsage; so
-// does a value the flag does not take, from args or env.
+// from env when set. -h or --help returns errHelp, for the caller to print the command's help; a
+// flag the command does not have, or a value the flag does not take, from args or env, returns
+// errUsage.
 func parseFlags(fs *flag.FlagSet, args, env []string) error {
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage of rls %s:\n", fs.Name())
-		fs.VisitAll(func(f *flag.Flag) {
-			if strings.HasPrefix(f.Usage, "testing only") {
-				return
-			}
-			fmt.Fprintf(fs.Output(), "  --%s (%s)\n    \t%s", f.Name, envName(f.Name), f.Usage)
-			if f.DefValue != "" {
-				fmt.Fprintf(fs.Output(), " (default %q)", f.DefValue)
-			}
-			fmt.Fprintln(fs.Output())
-		})
-	}
-	if err := fs.Parse(args); err != nil {
-		// The flag package has printed the error (or the help) already.
-		return errUsage
+	if err := parseArgs(fs, args); err != nil {
+		return err
 	}
 	set := map[string]bool{}
 	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })

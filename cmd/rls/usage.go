@@ -22,20 +22,35 @@ func adminTokenFlag(fs *flag.FlagSet, file *string) {
 		"file holding the bearer token that may reset keys (POST/DELETE /v1/keys on --http-addr); empty: resetting is off (404)")
 }
 
+// keysOptions are the flags of rls inspect and rls reset.
+type keysOptions struct {
+	addr, domain, tokenFile *string
+	timeout                 *time.Duration
+	descs                   []string
+}
+
+// keysFlags registers the flags of rls inspect and rls reset on fs.
+func keysFlags(fs *flag.FlagSet) *keysOptions {
+	o := &keysOptions{}
+	o.addr = fs.String("addr", "http://localhost:8080", "rls HTTP address (--http-addr)")
+	o.domain = fs.String("domain", "example", "rate-limit domain")
+	o.timeout = fs.Duration("timeout", 5*time.Second, "deadline for the call")
+	o.tokenFile = fs.String("admin-token-file", "", "reset: file holding the admin token (as given to rls serve)")
+	fs.Func("descriptor", descriptorUsage, func(s string) error { o.descs = append(o.descs, s); return nil })
+	return o
+}
+
 // runKeys is `rls inspect` (reset false) and `rls reset`: it calls /v1/keys on a running rls
 // and prints the answer.
 func runKeys(ctx context.Context, name string, args, env []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	addr := fs.String("addr", "http://localhost:8080", "rls HTTP address (--http-addr)")
-	domain := fs.String("domain", "example", "rate-limit domain")
-	timeout := fs.Duration("timeout", 5*time.Second, "deadline for the call")
-	tokenFile := fs.String("admin-token-file", "", "reset: file holding the admin token (as given to rls serve)")
-	var descs []string
-	fs.Func("descriptor", descriptorUsage, func(s string) error { descs = append(descs, s); return nil })
+	o := keysFlags(fs)
+	addr, domain, timeout, tokenFile := o.addr, o.domain, o.timeout, o.tokenFile
 	if err := parseFlags(fs, args, env); err != nil {
 		return err
 	}
+	descs := o.descs
 	descs = append(descs, fs.Args()...)
 	if len(descs) == 0 {
 		fmt.Fprintf(stderr, "rls %s: give at least one descriptor, e.g. rls %s --domain ai api_key=k1,model=m\n", name, name)

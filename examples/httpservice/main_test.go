@@ -15,7 +15,7 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// TestExample runs the example against rls on its embedded default rules, as the README says.
+// TestExample runs the example against rls on its embedded default rules, as docs/go-client.md says.
 func TestExample(t *testing.T) {
 	p := rlstest.Start(t, rlstest.Options{})
 	c, err := client.New(p.GRPCAddr, client.Options{Domain: "example", Timeout: 2 * time.Second})

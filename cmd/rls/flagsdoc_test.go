@@ -51,6 +51,8 @@ func flagPage(name string) string {
 		return "gateways.md"
 	case name == "ratelimit-env":
 		return "migrating.md"
+	case name == "overdraft":
+		return "usage-limits.md"
 	case strings.HasPrefix(name, "rlqs"):
 		return "rlqs.md"
 	case strings.HasPrefix(name, "redis-"):

@@ -129,6 +129,7 @@ func TestDashboardAndAlertsOnPrometheus(t *testing.T) {
 	}
 	call(single, d("api_key", "k3"))
 	prom.awaitAlert(t, "RLSBackendDown", single.HTTPAddr, "pending", "firing")
+	prom.awaitAlert(t, "RLSFailureModeAnswers", single.HTTPAddr, "pending", "firing")
 	prom.awaitAlert(t, "RLSMemoryEvicting", mem.HTTPAddr, "firing")
 
 	exported := exportedMetrics(t, procs)

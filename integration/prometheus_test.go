@@ -114,9 +114,11 @@ func TestDashboardAndAlertsOnPrometheus(t *testing.T) {
 
 	// A bad rule set, seen by Prometheus as a failed last load, then a good one.
 	writeFile(t, filepath.Join(memRules, "dash.yaml"), strings.Replace(promRules, "unit: hour", "unit: eon", 1))
+	awaitMetric(t, mem, `rls_config_last_load_successful`, "0")
 	prom.awaitAlert(t, "RLSRuleReloadFailing", mem.HTTPAddr, "pending", "firing")
 	writeFile(t, filepath.Join(memRules, "dash.yaml"), strings.Replace(promRules, "requests_per_unit: 3}", "requests_per_unit: 4}", 1))
 	awaitMetric(t, mem, `rls_config_generation`, "2")
+	awaitMetric(t, mem, `rls_config_last_load_successful`, "1")
 
 	// Redis gone: once 5 calls have failed the breaker opens and the failure mode answers.
 	redisServer.Kill()

@@ -29,6 +29,8 @@ const (
 	kindK8s     = "kubernetes manifests"
 	kindCompose = "compose file"
 	kindEG      = "envoy gateway config"
+	kindAlerts  = "prometheus rule file"
+	kindPromUT  = "promtool unit tests of the rule file"
 )
 
 // yamlFiles classifies every *.yaml and *.yml under deploy/ (the current directory).
@@ -63,6 +65,10 @@ func yamlFiles(t *testing.T) map[string][]string {
 			byKind[kindEG] = append(byKind[kindEG], p)
 		case strings.HasPrefix(p, "kubernetes"+string(filepath.Separator)):
 			byKind[kindK8s] = append(byKind[kindK8s], p)
+		case p == filepath.Join("prometheus", "rls-alerts.yaml"):
+			byKind[kindAlerts] = append(byKind[kindAlerts], p)
+		case p == filepath.Join("prometheus", "rls-alerts.test.yaml"):
+			byKind[kindPromUT] = append(byKind[kindPromUT], p)
 		case p == "compose.yaml":
 			byKind[kindCompose] = append(byKind[kindCompose], p)
 		default:
@@ -85,6 +91,8 @@ func TestEveryYAMLFileIsChecked(t *testing.T) {
 		kindTokens:  {"envoy/rules-tokens/ai_tokens.yaml"},
 		kindCompose: {"compose.yaml"},
 		kindEG:      {"envoy-gateway/envoy-gateway-config.yaml"},
+		kindAlerts:  {"prometheus/rls-alerts.yaml"},
+		kindPromUT:  {"prometheus/rls-alerts.test.yaml"},
 	}
 	for kind, files := range want {
 		if !slices.Equal(got[kind], files) {

@@ -46,6 +46,7 @@ type Metrics struct {
 	loads      *prometheus.CounterVec
 	generation prometheus.Gauge
 	lastLoad   prometheus.Gauge
+	lastOK     prometheus.Gauge
 	algorithms *prometheus.GaugeVec
 	nearRatio  float64
 
@@ -113,6 +114,10 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 			Name: "rls_config_last_success_timestamp_seconds",
 			Help: "Unix time of the last successful rule set load.",
 		}),
+		lastOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "rls_config_last_load_successful",
+			Help: "1 unless the last rule set load failed (the rules in force stay those loaded before it): 0 from a failed load until the next successful one.",
+		}),
 		algorithms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rls_rule_algorithm",
 			Help: "The limits in force by domain, rule (as rls_decisions_total names it) and algorithm (gcra, fixed_window, sliding_window, sliding_log): how many. Join on domain and rule to break decisions down by algorithm.",
@@ -121,7 +126,7 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 		rules:     map[*descriptors.Limit]*ruleCounters{},
 		detailed:  map[ruleID]*detailedValues{},
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.overload, m.inflight, m.loads, m.generation, m.lastLoad, m.algorithms} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.overload, m.inflight, m.loads, m.generation, m.lastLoad, m.lastOK, m.algorithms} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -129,6 +134,7 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 	for _, r := range []string{"success", "failure"} {
 		m.loads.WithLabelValues(r)
 	}
+	m.lastOK.Set(1)
 	for _, k := range []string{"timeout", "unavailable", "other"} {
 		m.errors.WithLabelValues(k)
 	}
@@ -142,9 +148,11 @@ func (m *Metrics) ConfigLoad(ok bool, generation uint64, at time.Time) {
 	}
 	if !ok {
 		m.loads.WithLabelValues("failure").Inc()
+		m.lastOK.Set(0)
 		return
 	}
 	m.loads.WithLabelValues("success").Inc()
+	m.lastOK.Set(1)
 	m.generation.Set(float64(generation))
 	m.lastLoad.Set(float64(at.UnixNano()) / 1e9)
 }

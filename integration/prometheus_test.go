@@ -138,6 +138,7 @@ func TestDashboardAndAlertsOnPrometheus(t *testing.T) {
 	if len(exported) < 20 {
 		t.Fatalf("only %d metric names scraped from rls", len(exported))
 	}
+	checkMetricsDocumented(t, exported)
 	vars := dashboardVariables(t, prom, dash, exported)
 
 	var queries []promCheck
@@ -843,5 +844,37 @@ func (p *prometheusProc) checkRulesHealthy(t *testing.T, want int) {
 			t.Fatalf("Prometheus has %d rules, %d evaluated, after 30s; want %d:\n%s%s", len(rules), evaluated, want, b.String(), p.out.String())
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// checkMetricsDocumented fails for each rls_* metric family rls exports that no page of docs/
+// names: the metrics tables are what an operator reads.
+func checkMetricsDocumented(t *testing.T, exported map[string]map[string]bool) {
+	t.Helper()
+	pages, err := filepath.Glob(filepath.Join(repoRoot(), "docs", "*.md"))
+	if err != nil || len(pages) == 0 {
+		t.Fatalf("no docs/*.md: %v", err)
+	}
+	var docs strings.Builder
+	for _, p := range pages {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		docs.Write(b)
+	}
+	for name := range exported {
+		if !strings.HasPrefix(name, "rls_") {
+			continue
+		}
+		family := name
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if f, ok := strings.CutSuffix(name, suffix); ok && exported[f+"_bucket"] != nil {
+				family = f
+			}
+		}
+		if !strings.Contains(docs.String(), "`"+family+"`") && !strings.Contains(docs.String(), "`"+family+"{") {
+			t.Errorf("metric %s is exported but no page of docs/ names it (as `name` or `name{labels}`)", family)
+		}
 	}
 }

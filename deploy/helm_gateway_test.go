@@ -261,8 +261,12 @@ func TestHelmRefusesBadValues(t *testing.T) {
 		vals string
 		want string
 	}{
-		{"unknown mode", "ratelimit", "mode: envoy", `mode "envoy": want one of standalone, envoyGateway, aiGateway`},
-		{"unknown redis mode", "ratelimit", "redis: {mode: sentinel}", `redis.mode "sentinel"`},
+		{"unknown mode", "ratelimit", "mode: envoy", `at '/mode': value must be one of 'standalone', 'envoyGateway', 'aiGateway'`},
+		{"unknown redis mode", "ratelimit", "redis: {mode: sentinel}", `at '/redis/mode': value must be one of 'none', 'external', 'bundled'`},
+		{"misspelt value", "ratelimit", "redis: {mod: external}", `at '/redis': additional properties 'mod' not allowed`},
+		{"misspelt top-level value", "ratelimit", "autoscailing: {enabled: true}", `additional properties 'autoscailing' not allowed`},
+		{"a flag that is not one", "ratelimit", "extraArgs: [grpc-max-calls=1]", `at '/extraArgs/0'`},
+		{"metrics on the gRPC port", "ratelimit", "service: {metricsPort: 8081}", `at '/service/metricsPort'`},
 		{"external Redis without a URL", "ratelimit", "redis: {mode: external}", "set redis.external.existingSecret"},
 		{"memory backend with two replicas", "ratelimit", "replicaCount: 2", "each replica would allow the whole limit"},
 		{"memory backend with an autoscaler", "ratelimit", "autoscaling: {enabled: true}", "each replica would allow the whole limit"},

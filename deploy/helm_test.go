@@ -3,6 +3,7 @@ package deploy_test
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -206,11 +207,47 @@ func TestHelmExamplesListed(t *testing.T) {
 			t.Errorf("helmExamples names %q, which examples/ does not have", name)
 		}
 	}
-	for _, kind := range []string{kindHelm} {
-		if len(yamlFiles(t)[kind]) == 0 {
-			t.Errorf("no %s found", kind)
+	if !slices.Contains(yamlFiles(t)[kindHelm], filepath.Join(chartDir, "values.yaml")) {
+		t.Errorf("deploy_test.go's yamlFiles does not count %s as the chart's", chartDir)
+	}
+}
+
+// TestHelmValuesDocumented: every value the schema names is in the chart's README, as its
+// full path or, in a row that names its parent, as .name; and the schema and values.yaml name
+// the same values.
+func TestHelmValuesDocumented(t *testing.T) {
+	var schema map[string]any
+	if err := json.Unmarshal(readFile(t, filepath.Join(chartDir, "values.schema.json")), &schema); err != nil {
+		t.Fatal(err)
+	}
+	readme := string(readFile(t, filepath.Join(chartDir, "README.md")))
+	defaults := helmChart(t).Values
+	var walk func(node map[string]any, vals map[string]any, path []string)
+	walk = func(node map[string]any, vals map[string]any, path []string) {
+		props, _ := node["properties"].(map[string]any)
+		for _, name := range slices.Sorted(maps.Keys(props)) {
+			full := strings.Join(append(slices.Clone(path), name), ".")
+			v, inValues := vals[name]
+			if !inValues && full != "global" {
+				t.Errorf("the schema names %s, which values.yaml does not set", full)
+			}
+			child, _ := props[name].(map[string]any)
+			if _, nested := child["properties"]; nested {
+				sub, _ := v.(map[string]any)
+				walk(child, sub, append(slices.Clone(path), name))
+				continue
+			}
+			if full != "global" && !strings.Contains(readme, "`"+full+"`") && !strings.Contains(readme, "`"+full+",") && !strings.Contains(readme, "."+name+"`") {
+				t.Errorf("README.md does not document %s", full)
+			}
+		}
+		for name := range vals {
+			if _, ok := props[name]; !ok && props != nil {
+				t.Errorf("values.yaml sets %s, which the schema does not name", strings.Join(append(slices.Clone(path), name), "."))
+			}
 		}
 	}
+	walk(schema, defaults, nil)
 }
 
 // TestHelmLint is helm lint of every example, as given and with the monitoring kinds forced

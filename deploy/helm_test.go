@@ -626,3 +626,26 @@ func jsonOf(t *testing.T, v any) string {
 	}
 	return string(b)
 }
+
+// TestHelmRuleChangeKeepsPods: changing the inline rules changes the ConfigMap, which rls
+// reloads, and not the pod template: a rollout would restart every pod, and with the memory
+// backend forget every counter.
+func TestHelmRuleChangeKeepsPods(t *testing.T) {
+	podOfRules := func(rules string) (string, string) {
+		vals := map[string]any{"rules": map[string]any{"files": map[string]any{"a.yaml": rules}}}
+		out, err := render(t, vals, "ratelimit")
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs := helmObjects(t, out)
+		return jsonOf(t, rlsDeployment(t, objs).Spec.Template), jsonOf(t, one[*corev1.ConfigMap](t, objs).Data)
+	}
+	pod1, cm1 := podOfRules("domain: a\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 1}}]\n")
+	pod2, cm2 := podOfRules("domain: a\ndescriptors: [{key: k, rate_limit: {unit: second, requests_per_unit: 2}}]\n")
+	if cm1 == cm2 {
+		t.Fatal("the rules ConfigMap did not change with the rules")
+	}
+	if pod1 != pod2 {
+		t.Errorf("the pod template changes with the rules:\n%s\n%s", pod1, pod2)
+	}
+}

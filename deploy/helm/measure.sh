@@ -10,10 +10,10 @@
 # from /proc; it prints the peak RSS (VmHWM), the largest CPU used in any one second and the mean.
 #
 # Extra rls flags: RLS_FLAGS="--memory-max-bytes=268435456" measure.sh memory (rls's own
-# defaults instead of the chart's). BENCH=/path/to/shared/bench (default /work/shared/bench).
+# defaults instead of the chart's). BENCH=/path/to/shared/bench (default: shared/bench beside the checkout).
 set -eu
 backend=${1:?usage: measure.sh memory|redis [SECONDS] [CLIENTS]}; secs=${2:-90}; clients=${3:-256}
-root=$(cd "$(dirname "$0")/../.." && pwd); bench=${BENCH:-/work/shared/bench}
+root=$(cd "$(dirname "$0")/../.." && pwd); bench=${BENCH:-$root/../shared/bench}
 bin=$(mktemp -d); dir=$(mktemp -d); pids=(); rp=
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -21,6 +21,10 @@ cleanup() {
   rm -rf "$bin" "$dir"
 }
 trap cleanup EXIT
+[ -d "$bench/rlsload" ] || { echo "measure.sh: no load tool at $bench/rlsload: set BENCH to the shared bench folder" >&2; exit 2; }
+for tool in redis-server redis-cli curl bc python3; do
+  command -v $tool >/dev/null || { echo "measure.sh: $tool is missing (apt-get install redis-server curl bc python3)" >&2; exit 2; }
+done
 (cd "$root" && go build -o "$bin/rls" ./cmd/rls)
 (cd "$bench" && go build -o "$bin/" ./rlsload)
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

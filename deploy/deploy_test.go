@@ -31,6 +31,7 @@ const (
 	kindEG      = "envoy gateway config"
 	kindAlerts  = "prometheus rule file"
 	kindPromUT  = "promtool unit tests of the rule file"
+	kindHelm    = "helm chart file (helm_test.go renders and checks the chart)"
 )
 
 // yamlFiles classifies every *.yaml and *.yml under deploy/ (the current directory).
@@ -49,10 +50,12 @@ func yamlFiles(t *testing.T) map[string][]string {
 			return err
 		}
 		var top map[string]any
-		if err := yaml.Unmarshal(data, &top); err != nil && !strings.HasPrefix(p, "kubernetes/") {
+		if err := yaml.Unmarshal(data, &top); err != nil && !strings.HasPrefix(p, "kubernetes/") && !strings.HasPrefix(p, "helm/") {
 			return fmt.Errorf("%s: %v", p, err)
 		}
 		switch {
+		case strings.HasPrefix(p, "helm"+string(filepath.Separator)):
+			byKind[kindHelm] = append(byKind[kindHelm], p)
 		case strings.HasPrefix(p, filepath.Join("envoy", "rules-tokens")+string(filepath.Separator)):
 			byKind[kindTokens] = append(byKind[kindTokens], p)
 		case strings.HasPrefix(p, filepath.Join("envoy", "rules")+string(filepath.Separator)):

@@ -570,6 +570,11 @@ func checkMonitoring(t *testing.T, objs []metav1.Object, svc *corev1.Service) er
 		if err := selects(sm.Spec.Selector.MatchLabels, svc.Labels); err != nil {
 			return fmt.Errorf("ServiceMonitor: %v", err)
 		}
+		// The Prometheus Operator names the job after the Service unless jobLabel names a label
+		// of the Service to take it from; the alerts select job="rls".
+		if job := svc.Labels[sm.Spec.JobLabel]; sm.Spec.JobLabel == "" || job != "rls" {
+			return fmt.Errorf("ServiceMonitor jobLabel %q gives job %q (the Service's name, %q, if empty), want rls: the alerts select job=\"rls\"", sm.Spec.JobLabel, job, svc.Name)
+		}
 		if len(sm.Spec.Endpoints) == 0 {
 			return fmt.Errorf("ServiceMonitor has no endpoints")
 		}

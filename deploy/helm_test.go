@@ -7,7 +7,6 @@ import (
 	"maps"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -108,17 +107,6 @@ func render(t *testing.T, vals map[string]any, ns string, apis ...string) (map[s
 // type, strictly, as k8sObjects does for the plain manifests.
 func helmObjects(t *testing.T, out map[string]string) []metav1.Object {
 	t.Helper()
-	newObject := map[string]func() metav1.Object{
-		"v1/ConfigMap":                           func() metav1.Object { return &corev1.ConfigMap{} },
-		"v1/Secret":                              func() metav1.Object { return &corev1.Secret{} },
-		"v1/Service":                             func() metav1.Object { return &corev1.Service{} },
-		"apps/v1/Deployment":                     func() metav1.Object { return &appsv1.Deployment{} },
-		"policy/v1/PodDisruptionBudget":          func() metav1.Object { return &policyv1.PodDisruptionBudget{} },
-		"autoscaling/v2/HorizontalPodAutoscaler": func() metav1.Object { return &autoscalingv2.HorizontalPodAutoscaler{} },
-		"networking.k8s.io/v1/NetworkPolicy":     func() metav1.Object { return &networkingv1.NetworkPolicy{} },
-		monitoringAPI + "/ServiceMonitor":        func() metav1.Object { return &monitoringv1.ServiceMonitor{} },
-		monitoringAPI + "/PrometheusRule":        func() metav1.Object { return &monitoringv1.PrometheusRule{} },
-	}
 	names := make([]string, 0, len(out))
 	for name := range out {
 		names = append(names, name)
@@ -129,24 +117,7 @@ func helmObjects(t *testing.T, out map[string]string) []metav1.Object {
 		if strings.HasSuffix(file, "NOTES.txt") {
 			continue
 		}
-		for i, doc := range regexp.MustCompile(`(?m)^---[ \t]*$`).Split(out[file], -1) {
-			if strings.TrimSpace(regexp.MustCompile(`(?m)^\s*#.*$`).ReplaceAllString(doc, "")) == "" {
-				continue
-			}
-			var tm metav1.TypeMeta
-			if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
-				t.Fatalf("%s document %d: %v\n%s", file, i+1, err, doc)
-			}
-			mk, ok := newObject[tm.APIVersion+"/"+tm.Kind]
-			if !ok {
-				t.Fatalf("%s document %d: %s %s is not a kind this test decodes", file, i+1, tm.APIVersion, tm.Kind)
-			}
-			obj := mk()
-			if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
-				t.Fatalf("%s document %d (%s): %v\n%s", file, i+1, tm.Kind, err, doc)
-			}
-			objs = append(objs, obj)
-		}
+		objs = append(objs, decodeObjects(t, file, out[file])...)
 	}
 	return objs
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
 	appsv1 "k8s.io/api/apps/v1"
 	autoscalingv2 "k8s.io/api/autoscaling/v2"
 	corev1 "k8s.io/api/core/v1"
@@ -22,45 +23,57 @@ import (
 	"github.com/rls-project/rls/internal/envoytest"
 )
 
+// objectTypes are the kinds the manifests and the chart's renders may hold, each with its Go
+// type: k8s.io/api's, or the Prometheus Operator's for monitoring.coreos.com.
+var objectTypes = map[string]func() metav1.Object{
+	"v1/Namespace":                           func() metav1.Object { return &corev1.Namespace{} },
+	"v1/ConfigMap":                           func() metav1.Object { return &corev1.ConfigMap{} },
+	"v1/Secret":                              func() metav1.Object { return &corev1.Secret{} },
+	"v1/Service":                             func() metav1.Object { return &corev1.Service{} },
+	"apps/v1/Deployment":                     func() metav1.Object { return &appsv1.Deployment{} },
+	"policy/v1/PodDisruptionBudget":          func() metav1.Object { return &policyv1.PodDisruptionBudget{} },
+	"autoscaling/v2/HorizontalPodAutoscaler": func() metav1.Object { return &autoscalingv2.HorizontalPodAutoscaler{} },
+	"networking.k8s.io/v1/NetworkPolicy":     func() metav1.Object { return &networkingv1.NetworkPolicy{} },
+	monitoringAPI + "/ServiceMonitor":        func() metav1.Object { return &monitoringv1.ServiceMonitor{} },
+	monitoringAPI + "/PrometheusRule":        func() metav1.Object { return &monitoringv1.PrometheusRule{} },
+}
+
+// decodeObjects decodes every document of text, from file, strictly into its type of
+// objectTypes: a misspelt or misplaced field fails, as the API server would refuse it.
+func decodeObjects(t *testing.T, file, text string) []metav1.Object {
+	t.Helper()
+	var objs []metav1.Object
+	for i, doc := range regexp.MustCompile(`(?m)^---[ \t]*$`).Split(text, -1) {
+		if strings.TrimSpace(regexp.MustCompile(`(?m)^\s*#.*$`).ReplaceAllString(doc, "")) == "" {
+			continue
+		}
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			t.Fatalf("%s document %d: %v\n%s", file, i+1, err, doc)
+		}
+		mk, ok := objectTypes[tm.APIVersion+"/"+tm.Kind]
+		if !ok {
+			t.Fatalf("%s document %d: %s %s is not a kind this test decodes", file, i+1, tm.APIVersion, tm.Kind)
+		}
+		obj := mk()
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			t.Fatalf("%s document %d (%s): %v\n%s", file, i+1, tm.Kind, err, doc)
+		}
+		objs = append(objs, obj)
+	}
+	return objs
+}
+
 // k8sObjects decodes every document of every manifest strictly into its k8s.io/api type.
 func k8sObjects(t *testing.T) []metav1.Object {
 	t.Helper()
-	newObject := map[string]func() metav1.Object{
-		"v1/Namespace":                           func() metav1.Object { return &corev1.Namespace{} },
-		"v1/ConfigMap":                           func() metav1.Object { return &corev1.ConfigMap{} },
-		"v1/Service":                             func() metav1.Object { return &corev1.Service{} },
-		"apps/v1/Deployment":                     func() metav1.Object { return &appsv1.Deployment{} },
-		"policy/v1/PodDisruptionBudget":          func() metav1.Object { return &policyv1.PodDisruptionBudget{} },
-		"autoscaling/v2/HorizontalPodAutoscaler": func() metav1.Object { return &autoscalingv2.HorizontalPodAutoscaler{} },
-		"networking.k8s.io/v1/NetworkPolicy":     func() metav1.Object { return &networkingv1.NetworkPolicy{} },
-	}
 	var objs []metav1.Object
 	for _, file := range yamlFiles(t)[kindK8s] {
 		data, err := os.ReadFile(file)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for i, doc := range regexp.MustCompile(`(?m)^---[ \t]*$`).Split(string(data), -1) {
-			if strings.TrimSpace(regexp.MustCompile(`(?m)^#.*$`).ReplaceAllString(doc, "")) == "" {
-				continue
-			}
-			var tm struct {
-				APIVersion string `json:"apiVersion"`
-				Kind       string `json:"kind"`
-			}
-			if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
-				t.Fatalf("%s document %d: %v", file, i+1, err)
-			}
-			mk, ok := newObject[tm.APIVersion+"/"+tm.Kind]
-			if !ok {
-				t.Fatalf("%s document %d: %s %s is not a kind this test decodes", file, i+1, tm.APIVersion, tm.Kind)
-			}
-			obj := mk()
-			if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
-				t.Fatalf("%s document %d (%s): %v", file, i+1, tm.Kind, err)
-			}
-			objs = append(objs, obj)
-		}
+		objs = append(objs, decodeObjects(t, file, string(data))...)
 	}
 	return objs
 }

@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"io/fs"
+	"iter"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -127,30 +128,38 @@ var (
 // text, outside fenced code blocks and code spans.
 func markdownLinks(text string) []mdLink {
 	var links []mdLink
-	fence := ""
-	for i, line := range strings.Split(text, "\n") {
-		if f := fenceOf(line); f != "" {
-			switch {
-			case fence == "":
-				fence = f
-				continue
-			case strings.HasPrefix(f, fence):
-				fence = ""
-				continue
-			}
-		}
-		if fence != "" {
-			continue
-		}
+	for i, line := range proseLines(text) {
 		line = codeSpan.ReplaceAllString(line, "")
 		for _, m := range inlineLink.FindAllStringSubmatch(line, -1) {
-			links = append(links, mdLink{i + 1, strings.Trim(m[1], "<>")})
+			links = append(links, mdLink{i, strings.Trim(m[1], "<>")})
 		}
 		if m := refLink.FindStringSubmatch(line); m != nil {
-			links = append(links, mdLink{i + 1, strings.Trim(m[1], "<>")})
+			links = append(links, mdLink{i, strings.Trim(m[1], "<>")})
 		}
 	}
 	return links
+}
+
+// proseLines yields a Markdown text's lines outside fenced code blocks, with their numbers from 1.
+func proseLines(text string) iter.Seq2[int, string] {
+	return func(yield func(int, string) bool) {
+		fence := ""
+		for i, line := range strings.Split(text, "\n") {
+			if f := fenceOf(line); f != "" {
+				switch {
+				case fence == "":
+					fence = f
+					continue
+				case strings.HasPrefix(f, fence):
+					fence = ""
+					continue
+				}
+			}
+			if fence == "" && !yield(i+1, line) {
+				return
+			}
+		}
+	}
 }
 
 // fenceOf returns the fence (``` or ~~~, as long as written) a line opens or closes, or "".
@@ -183,21 +192,7 @@ func isExternal(target string) bool {
 func headingAnchors(text string) map[string]bool {
 	anchors := map[string]bool{}
 	seen := map[string]int{}
-	fence := ""
-	for _, line := range strings.Split(text, "\n") {
-		if f := fenceOf(line); f != "" {
-			switch {
-			case fence == "":
-				fence = f
-				continue
-			case strings.HasPrefix(f, fence):
-				fence = ""
-				continue
-			}
-		}
-		if fence != "" {
-			continue
-		}
+	for _, line := range proseLines(text) {
 		for _, m := range htmlAnchor.FindAllStringSubmatch(line, -1) {
 			anchors[m[1]] = true
 		}

@@ -79,13 +79,7 @@ is stale). ` + "`rls help COMMAND`" + ` prints the same. A flag on the command l
 `)
 	for _, c := range commands {
 		fs := commandFlags(c)
-		n := 0
-		fs.VisitAll(func(f *flag.Flag) {
-			if !testingOnly(f) {
-				n++
-			}
-		})
-		if n == 0 {
+		if shownFlags(fs) == 0 {
 			continue
 		}
 		fmt.Fprintf(&b, "\n## %s\n\n`%s`: %s.\n\n", c.name, c.synopsis, c.summary)

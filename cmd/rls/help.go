@@ -166,13 +166,7 @@ Commands:
 func printCommandHelp(w io.Writer, c command) {
 	fmt.Fprintf(w, "Usage: %s\n\n%s\n", c.synopsis, c.about)
 	fs := commandFlags(c)
-	n := 0
-	fs.VisitAll(func(f *flag.Flag) {
-		if !testingOnly(f) {
-			n++
-		}
-	})
-	if n == 0 {
+	if shownFlags(fs) == 0 {
 		return
 	}
 	if c.env {
@@ -181,6 +175,17 @@ func printCommandHelp(w io.Writer, c command) {
 		fmt.Fprintln(w, "\nFlags:")
 	}
 	printFlags(w, fs, c.env)
+}
+
+// shownFlags counts the flags of fs that help and the flag reference show.
+func shownFlags(fs *flag.FlagSet) int {
+	n := 0
+	fs.VisitAll(func(f *flag.Flag) {
+		if !testingOnly(f) {
+			n++
+		}
+	})
+	return n
 }
 
 // testingOnly reports whether a flag exists for the tests alone; the help and the flag

@@ -5,7 +5,6 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"reflect"
 	"strings"
 
 	"github.com/rls-project/rls/internal/server"
@@ -214,28 +213,13 @@ func printFlags(w io.Writer, fs *flag.FlagSet, env bool) {
 	})
 }
 
-// flagType names the kind of value a flag takes: bool, string, duration, int, uint, float, or
-// value for a flag of its own type.
+// flagType names the kind of value a flag takes, as the flag package's own help does (bool,
+// string, duration, int, uint, float, or value for a flag of its own type).
 func flagType(f *flag.Flag) string {
-	if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
-		return "bool"
+	if name, _ := flag.UnquoteUsage(f); name != "" {
+		return name
 	}
-	if g, ok := f.Value.(flag.Getter); ok {
-		switch g.Get().(type) {
-		case string:
-			return "string"
-		case int, int64:
-			return "int"
-		case uint, uint64:
-			return "uint"
-		case float64:
-			return "float"
-		}
-		if reflect.TypeOf(g.Get()).String() == "time.Duration" {
-			return "duration"
-		}
-	}
-	return "value"
+	return "bool"
 }
 
 // zeroDefault reports whether a flag's default is its type's zero value, which the help does not

@@ -516,6 +516,7 @@ type responseMetadata struct {
 	quotaSeen       bool
 	quotaViolations []any
 	meta            map[string]any // the rules' metadata, merged
+	owned           bool           // meta is this response's own, not the first rule's map
 }
 
 // add takes descriptor i's share: r its rule (nil for none), allowed its limit's decision;
@@ -537,10 +538,18 @@ func (m *responseMetadata) add(i int, r *descriptors.Rule, allowed, quotaAll boo
 		}
 	}
 	if r.Metadata != nil && (allowed || r.ShadowMode) {
-		if m.meta == nil {
-			m.meta = map[string]any{}
+		switch {
+		case m.meta == nil:
+			// The common case, one rule with metadata: its map as it is, never written.
+			m.meta = r.Metadata
+		default:
+			if !m.owned {
+				own := make(map[string]any, len(m.meta))
+				mergeFirst(own, m.meta)
+				m.meta, m.owned = own, true
+			}
+			mergeFirst(m.meta, r.Metadata)
 		}
-		mergeFirst(m.meta, r.Metadata)
 	}
 }
 

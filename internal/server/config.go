@@ -154,7 +154,7 @@ func DefaultConfig() Config {
 		Redis: RedisConfig{
 			URL: "redis://127.0.0.1:6379", DialTimeout: time.Second, ReadTimeout: time.Second,
 			Timeout: 50 * time.Millisecond, HealthInterval: time.Second, KeyPrefix: "rls:",
-			LocalCacheSize: 65536, Coalesce: 64,
+			LocalCacheSize: 65536, Coalesce: 64, Leases: true, LeaseLifetime: 50 * time.Millisecond,
 		},
 		RLQS: RLQSConfig{
 			MaxReportBytes: 1 << 20, TTL: rlqs.DefaultTTL, Tick: rlqs.DefaultTick,

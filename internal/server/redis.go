@@ -26,6 +26,16 @@ type RedisConfig struct {
 	TLSCA          string        // --redis-tls-ca
 	TLSSkipVerify  bool          // --redis-tls-skip-hostname-verify
 	HealthInterval time.Duration // --redis-health-interval
+	Leases         bool          // --redis-leases
+	LeaseLifetime  time.Duration // --redis-lease-lifetime
+}
+
+// leaseLifetime is the backend's Options.LeaseLifetime: 0 with leases off.
+func (rc RedisConfig) leaseLifetime() time.Duration {
+	if !rc.Leases {
+		return 0
+	}
+	return rc.LeaseLifetime
 }
 
 // now is this process's clock, shifted by --clock-offset.
@@ -59,6 +69,7 @@ func newRedisBackend(ctx context.Context, rc RedisConfig, log *slog.Logger) (bac
 		LocalCacheSize: rc.LocalCacheSize,
 		Coalesce:       rc.Coalesce,
 		HealthInterval: rc.HealthInterval,
+		LeaseLifetime:  rc.leaseLifetime(),
 		Now:            rc.now(),
 		Logger:         log.With("backend", "redis"),
 	})
@@ -66,7 +77,7 @@ func newRedisBackend(ctx context.Context, rc RedisConfig, log *slog.Logger) (bac
 		return nil, err
 	}
 	log.Info("redis backend", "redis", target.String(), "timeout", rc.Timeout, "key_prefix", rc.KeyPrefix,
-		"local_cache", rc.LocalCacheSize, "coalesce", rc.Coalesce, "healthy", b.Healthy())
+		"local_cache", rc.LocalCacheSize, "coalesce", rc.Coalesce, "lease_lifetime", rc.leaseLifetime(), "healthy", b.Healthy())
 	return b, nil
 }
 

@@ -219,6 +219,9 @@ func (c Config) validateRedis() error {
 			errs = append(errs, fmt.Errorf("%s %d: want a number ≥ 0", n.flag, n.v))
 		}
 	}
+	if rc.Leases && (rc.LeaseLifetime < time.Millisecond || rc.LeaseLifetime > 10*time.Second) {
+		errs = append(errs, fmt.Errorf("--redis-lease-lifetime %v: want 1ms to 10s (50ms by default; --redis-leases=false turns leases off)", rc.LeaseLifetime))
+	}
 	if rc.HealthInterval <= 0 {
 		errs = append(errs, fmt.Errorf("--redis-health-interval %v: want a positive duration (1s by default)", rc.HealthInterval))
 	}

@@ -23,6 +23,8 @@ func TestConformance(t *testing.T) {
 		{"single cached", singleEnv, Options{LocalCacheSize: 100}},
 		{"cluster", clusterEnv, Options{}},
 		{"cluster coalesced cached", clusterEnv, Options{Coalesce: 16, LocalCacheSize: 100}},
+		{"single leased", singleEnv, Options{Coalesce: 16, LocalCacheSize: 100, LeaseLifetime: 50 * time.Millisecond}},
+		{"cluster leased", clusterEnv, Options{Coalesce: 16, LocalCacheSize: 100, LeaseLifetime: 50 * time.Millisecond}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newTestBackend(t, tc.env, tc.opts)

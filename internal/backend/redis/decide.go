@@ -26,6 +26,14 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 		return false, fmt.Errorf("redis backend: %d decisions for %d requests", len(out), len(reqs))
 	}
 	out = out[:len(reqs)]
+	if b.leases != nil {
+		return b.leases.decide(ctx, reqs, out)
+	}
+	return b.decide(ctx, reqs, out)
+}
+
+// decide is Decide without leases (see lease.go).
+func (b *Backend) decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
 
 	// The cache: a batch it knows to be denied is answered here.
 	var sent time.Time

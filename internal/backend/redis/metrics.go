@@ -19,6 +19,22 @@ var (
 	reloadsDesc = prometheus.NewDesc("rls_redis_topology_reloads_total",
 		"Reloads of the Redis Cluster slot map, by what asked for it: moved, ask (a redirect), node_down (a master failing or down), clusterdown, no_map, periodic.",
 		[]string{"reason"}, nil)
+
+	leaseDecisionsDesc = prometheus.NewDesc("rls_redis_lease_decisions_total",
+		"Decisions answered from leases, without Redis: every hit of them was charged in Redis before, with a lease (see --redis-lease-lifetime).",
+		nil, nil)
+	leasesDesc = prometheus.NewDesc("rls_redis_leases_total",
+		"Leases charged in Redis: each carried by a decision that went there, and admitting up to its hits here.",
+		nil, nil)
+	leaseReturnedDesc = prometheus.NewDesc("rls_redis_lease_hits_returned_total",
+		"Hits that leases did not use, given back to Redis when they ended (their time, a rule reload, shutdown).",
+		nil, nil)
+	leaseDroppedDesc = prometheus.NewDesc("rls_redis_lease_hits_dropped_total",
+		"Hits that leases did not use and could not give back: a failed refund, or a fixed window too close to its end. Each holds back one hit until the key's rate restores it (GCRA) or its window ends.",
+		nil, nil)
+	leaseHeldDesc = prometheus.NewDesc("rls_redis_lease_hits_held",
+		"Hits charged in Redis with leases and neither used nor given back yet.",
+		nil, nil)
 )
 
 // Collector returns the Backend's metrics.
@@ -30,6 +46,13 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- nodeUpDesc
 	ch <- slowDesc
 	ch <- resetsDesc
+	if c.b.leases != nil {
+		ch <- leaseDecisionsDesc
+		ch <- leasesDesc
+		ch <- leaseReturnedDesc
+		ch <- leaseDroppedDesc
+		ch <- leaseHeldDesc
+	}
 	if c.b.cluster {
 		ch <- slotsDesc
 		ch <- reloadsDesc
@@ -45,6 +68,13 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		return 0
 	}
 	ch <- prometheus.MustNewConstMetric(resetsDesc, prometheus.CounterValue, float64(b.resets.Load()))
+	if l := b.leases; l != nil {
+		ch <- prometheus.MustNewConstMetric(leaseDecisionsDesc, prometheus.CounterValue, float64(l.local.Load()))
+		ch <- prometheus.MustNewConstMetric(leasesDesc, prometheus.CounterValue, float64(l.taken.Load()))
+		ch <- prometheus.MustNewConstMetric(leaseReturnedDesc, prometheus.CounterValue, float64(l.returned.Load()))
+		ch <- prometheus.MustNewConstMetric(leaseDroppedDesc, prometheus.CounterValue, float64(l.dropped.Load()))
+		ch <- prometheus.MustNewConstMetric(leaseHeldDesc, prometheus.GaugeValue, float64(l.held.Load()))
+	}
 	if !b.cluster {
 		ch <- prometheus.MustNewConstMetric(nodeUpDesc, prometheus.GaugeValue, up(b.single), b.single.name)
 		ch <- prometheus.MustNewConstMetric(slowDesc, prometheus.CounterValue, float64(b.single.slow.Load()), b.single.name)

@@ -60,6 +60,10 @@ type Options struct {
 	// turns the checks off): a node that went away with no decision to notice it is found, and
 	// a node that lost its data (FLUSHALL, a restart without persistence) is logged and counted.
 	HealthInterval time.Duration
+	// LeaseLifetime, when > 0, lets hot keys lease budget (see lease.go): a lease of k hits is
+	// charged in Redis and admits up to k requests here for half of LeaseLifetime; what it did
+	// not use is given back by the end of LeaseLifetime. 0 sends every decision to Redis.
+	LeaseLifetime time.Duration
 	// Now is this process's clock (default time.Now), read only for the local cache: decisions
 	// take their time from Redis.
 	Now func() time.Time
@@ -88,6 +92,7 @@ type Backend struct {
 	now     func() time.Time
 	log     *slog.Logger
 	cache   *denials  // nil when disabled
+	leases  *leases   // nil when disabled
 	jobs    sync.Pool // *job
 
 	clientOpts clientOptions
@@ -172,7 +177,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.PoolSize < 0 {
 		errs = append(errs, fmt.Errorf("pool size %d < 0", opts.PoolSize))
 	}
-	if opts.DialTimeout < 0 || opts.ReadTimeout < 0 || opts.Timeout < 0 || opts.BreakerCooldown < 0 || opts.ProbeTimeout < 0 {
+	if opts.DialTimeout < 0 || opts.ReadTimeout < 0 || opts.Timeout < 0 || opts.BreakerCooldown < 0 || opts.ProbeTimeout < 0 || opts.LeaseLifetime < 0 {
 		errs = append(errs, errors.New("timeouts must not be negative"))
 	}
 	if opts.LocalCacheSize < 0 || opts.Coalesce < 0 || opts.CoalescePipelines < 0 || opts.BreakerFailures < 0 {
@@ -218,6 +223,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		b.cache = c
 	}
 	b.jobs.New = func() any { return newJob() }
+	if opts.LeaseLifetime > 0 {
+		b.leases = newLeases(b, opts.LeaseLifetime)
+	}
 	lctx, cancel := context.WithTimeout(ctx, opts.DialTimeout)
 	defer cancel()
 	if b.cluster {
@@ -338,12 +346,16 @@ func (b *Backend) SubscribeHealth(f func(healthy bool)) (cancel func()) {
 	}
 }
 
-// PurgeCache implements backend.CachePurger: it forgets every cached denial. Entries are kept
-// per limit, so a changed rule never reuses a denial made under the old one; this is for when
-// Redis state was reset.
+// PurgeCache implements backend.CachePurger: it forgets every cached denial, and ends every
+// lease, giving back what it did not use. Cached entries are kept per limit, so a changed rule
+// never reuses a denial made under the old one; this is for when Redis state was reset, and
+// for a rule reload, whose limits leases were not charged under.
 func (b *Backend) PurgeCache() {
 	if b.cache != nil {
 		b.cache.c.Purge()
+	}
+	if b.leases != nil {
+		b.leases.release()
 	}
 }
 
@@ -369,6 +381,9 @@ func (b *Backend) Reset(ctx context.Context, keys []string) error {
 			b.cache.c.Remove(k)
 		}
 	}
+	if b.leases != nil {
+		b.leases.forget(keys)
+	}
 	if err != nil {
 		return fmt.Errorf("redis backend: reset: %w", classify(err))
 	}
@@ -383,6 +398,9 @@ func (b *Backend) CacheHits() uint64 { return b.cacheHits.Load() }
 func (b *Backend) Close() error {
 	var err error
 	b.closeOnce.Do(func() {
+		if b.leases != nil {
+			b.leases.close() // gives back every lease, while the nodes still answer
+		}
 		b.bgMu.Lock()
 		b.bgClosed = true
 		b.bgMu.Unlock()

@@ -1,0 +1,173 @@
+package integration
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/rls-project/rls/internal/redistest"
+)
+
+// hotRules: a key far above what the tests send, so that it leases; the limit in seconds for
+// the killed replica, in days (a lease of at most 115 hits under a 10s lifetime, and time
+// restores one hit every 86ms) for the give-back tests.
+const hotRules = `
+domain: lease
+descriptors:
+  - key: fast
+    rate_limit: {unit: second, requests_per_unit: 100000}
+  - key: daily
+    rate_limit: {unit: day, requests_per_unit: 1000000}
+`
+
+// drive sends requests on desc to c from 4 goroutines until stop returns true, and returns how
+// many were admitted.
+func drive(t *testing.T, c rlsv3.RateLimitServiceClient, key, value string, stop func() bool) int64 {
+	t.Helper()
+	ctx := ctxT(t)
+	var admitted atomic.Int64
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for !done.Load() {
+				resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "lease", Descriptors: oneDesc(d(key, value))})
+				if err != nil {
+					t.Error(err)
+					done.Store(true)
+					return
+				}
+				if resp.GetOverallCode() == rlsv3.RateLimitResponse_OK {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for !stop() && !t.Failed() {
+		if time.Now().After(deadline) {
+			done.Store(true)
+			wg.Wait()
+			t.Fatal("the condition did not hold within 20s of load")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	done.Store(true)
+	wg.Wait()
+	return admitted.Load()
+}
+
+// status sends one request on key=value to c and returns its status.
+func status(t *testing.T, c rlsv3.RateLimitServiceClient, key, value string) *rlsv3.RateLimitResponse_DescriptorStatus {
+	t.Helper()
+	resp, err := c.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "lease", Descriptors: oneDesc(d(key, value))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("%s=%s: %v, want OK", key, value, resp.GetOverallCode())
+	}
+	return resp.GetStatuses()[0]
+}
+
+// TestLeaseKilledReplica: a replica killed (SIGKILL) while it holds a lease on a hot key never
+// gives it back; the key's budget is late by at most that lease, for at most the lifetime: just
+// after the kill another replica sees the key back to a full burst within a lifetime (and the
+// time of the hits admitted), and a lifetime later it sees a full burst.
+func TestLeaseKilledReplica(t *testing.T) {
+	url := redistest.URL(t, redistest.SingleEnv)
+	rules := writeRules(t, map[string]string{"lease.yaml": hotRules})
+	prefix := fmt.Sprintf("lease-kill-%d:", time.Now().UnixNano())
+	const lifetime = 500 * time.Millisecond
+	args := []string{"--config", rules, "--backend", "redis", "--redis-url", url, "--redis-key-prefix", prefix, "--redis-timeout", "5s"}
+	a := startRLS(t, nil, append(args, "--redis-lease-lifetime", lifetime.String())...)
+	b := startRLS(t, nil, append(args, "--redis-leases=false")...)
+	var held float64
+	admitted := drive(t, a.client(t), "fast", "k", func() bool {
+		held = metric(t, a.HTTPAddr, "rls_redis_lease_hits_held", "")
+		return held > 0
+	})
+	a.Signal(t, syscall.SIGKILL)
+	<-a.Done()
+	killed := time.Now()
+	st := status(t, b.client(t), "fast", "k")
+	reset := st.GetDurationUntilReset().AsDuration()
+	t.Logf("killed holding a lease (%v hits held at the last scrape) after %d admitted: %d remaining, reset in %v",
+		held, admitted, st.GetLimitRemaining(), reset)
+	// The hits admitted, at 10µs each, are restored on their own time.
+	if bound := lifetime + time.Duration(admitted+1)*10*time.Microsecond; reset > bound {
+		t.Fatalf("reset in %v after the kill: want at most the lifetime and the admitted hits' time, %v", reset, bound)
+	}
+	time.Sleep(time.Until(killed.Add(reset)) + 10*time.Millisecond)
+	if st := status(t, b.client(t), "fast", "k"); st.GetLimitRemaining() != 100000-1 {
+		t.Fatalf("%v after the kill: %d remaining, want a full burst less this request, %d", time.Since(killed), st.GetLimitRemaining(), 100000-1)
+	}
+}
+
+// TestLeaseGivenBackThroughRLS: a rule reload and a shutdown (SIGTERM) give back what the
+// replica's leases hold: the metrics count it, and another replica then sees exactly the hits
+// admitted, less what time restored since.
+func TestLeaseGivenBackThroughRLS(t *testing.T) {
+	url := redistest.URL(t, redistest.SingleEnv)
+	rules := writeRules(t, map[string]string{"lease.yaml": hotRules})
+	prefix := fmt.Sprintf("lease-back-%d:", time.Now().UnixNano())
+	args := []string{"--config", rules, "--backend", "redis", "--redis-url", url, "--redis-key-prefix", prefix, "--redis-timeout", "5s"}
+	a := startRLS(t, nil, append(args, "--redis-lease-lifetime", "10s")...)
+	b := startRLS(t, nil, append(args, "--redis-leases=false")...)
+	const burst = 1000000
+	start := time.Now()
+	var admitted int64
+	// remaining checks what b sees against what was admitted: exact but for the hits time
+	// restored since start (one per 86.4ms) and b's own.
+	remaining := func(what string, want int64) {
+		t.Helper()
+		st := status(t, b.client(t), "daily", "k")
+		admitted++ // b's own
+		restored := int64(time.Since(start)/(86400*time.Millisecond)) + 1
+		got := int64(st.GetLimitRemaining())
+		t.Logf("%s: %d remaining, want %d (less up to %d restored)", what, got, want-1, restored)
+		if got < want-1 || got > want-1+restored {
+			t.Fatalf("%s: %d remaining, want %d, or up to %d more restored by time", what, got, want-1, restored)
+		}
+	}
+	for round, end := range []string{"reload", "shutdown"} {
+		var held float64
+		admitted += drive(t, a.client(t), "daily", "k", func() bool {
+			held = metric(t, a.HTTPAddr, "rls_redis_lease_hits_held", "")
+			return held > 0
+		})
+		returned := metric(t, a.HTTPAddr, "rls_redis_lease_hits_returned_total", "")
+		held = metric(t, a.HTTPAddr, "rls_redis_lease_hits_held", "")
+		remaining(fmt.Sprintf("round %d with %v hits leased", round, held), burst-admitted-int64(held))
+		switch end {
+		case "reload":
+			gen := metric(t, a.HTTPAddr, "rls_config_loads_total", `{result="success"}`)
+			if err := os.WriteFile(filepath.Join(rules, "lease.yaml"), []byte(hotRules+"  - key: other\n    rate_limit: {unit: day, requests_per_unit: "+strconv.Itoa(round+1)+"}\n"), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			deadline := time.Now().Add(10 * time.Second)
+			for metric(t, a.HTTPAddr, "rls_config_loads_total", `{result="success"}`) == gen ||
+				metric(t, a.HTTPAddr, "rls_redis_lease_hits_held", "") != 0 {
+				if time.Now().After(deadline) {
+					t.Fatal("no reload giving back the leases within 10s")
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if got := metric(t, a.HTTPAddr, "rls_redis_lease_hits_returned_total", "") - returned; got != held {
+				t.Fatalf("reload gave back %v hits, want the %v held", got, held)
+			}
+		case "shutdown":
+			a.Signal(t, syscall.SIGTERM)
+			<-a.Done()
+		}
+		remaining(fmt.Sprintf("after the %s", end), burst-admitted)
+	}
+}

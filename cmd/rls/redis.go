@@ -26,9 +26,9 @@ func redisFlags(fs *flag.FlagSet, rc *server.RedisConfig) {
 	fs.IntVar(&rc.Coalesce, "redis-coalesce", rc.Coalesce,
 		"--backend redis: gather concurrent decisions into pipelines of up to this many script calls, one pipeline in flight at a time (0: every decision sends its own)")
 	fs.BoolVar(&rc.Leases, "redis-leases", rc.Leases,
-		"--backend redis: let a hot key lease budget: a lease of hits is charged in Redis with a decision and admits requests on that key here without Redis until it is used or half --redis-lease-lifetime has passed; what it did not use is given back. Never admits what Redis did not charge (false: every decision goes to Redis)")
+		"--backend redis: let a hot key lease budget: a lease of hits is charged in Redis with a decision and admits requests on that key here without Redis until it is used or --redis-lease-lifetime has passed; what it did not use is given back. Never admits what Redis did not charge (false: every decision goes to Redis)")
 	fs.DurationVar(&rc.LeaseLifetime, "redis-lease-lifetime", rc.LeaseLifetime,
-		"--backend redis with --redis-leases: how long a lease's hits may be held away from Redis: a lease admits for half of it and is given back by its end, and is never more than the key's rate restores in it (what a replica killed with a lease holds back)")
+		"--backend redis with --redis-leases: how long a lease admits before what it did not use is given back; a lease is never more than the key's rate restores in it (what a replica killed with a lease holds back)")
 	fs.StringVar(&rc.TLSCert, "redis-tls-cert", rc.TLSCert, "--backend redis over TLS (rediss://...): PEM client certificate (with --redis-tls-key)")
 	fs.StringVar(&rc.TLSKey, "redis-tls-key", rc.TLSKey, "--backend redis over TLS: PEM client private key")
 	fs.StringVar(&rc.TLSCA, "redis-tls-ca", rc.TLSCA, "--backend redis over TLS: PEM CA bundle that verifies Redis (default: the system's roots)")

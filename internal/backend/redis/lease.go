@@ -16,11 +16,11 @@ import (
 // its remaining budget far above what a lease takes, the next request on it that goes to Redis
 // carries a lease of k hits besides its own cost, charged by the same script under the same
 // atomic rules. The replica then admits up to k requests of that key locally. What a lease did
-// not use is given back (a refund) when it ends: half a lifetime after it was charged, on a
-// rule reload (PurgeCache) and at Close, so that a lease's hits are back in Redis within one
-// lifetime of their charge.
+// not use is given back (a refund) when it ends: a lifetime after it was charged (within a
+// quarter lifetime more, the sweeper's tick), on a rule reload (PurgeCache) and at Close.
 //
-// k is what the key's demand here was over the last half lifetime, and at most:
+// k is about one lifetime of the key's demand here (twice its hits over the last half
+// lifetime), and at most:
 //   - what the limit's rate restores in one lifetime (Rate × lifetime / Period), so that a
 //     lease that is never given back (a replica killed holding it) holds back at most that: the
 //     key's budget is late by at most one lifetime, under GCRA; a fixed window gets it back
@@ -33,8 +33,8 @@ import (
 // requests takes the leased hits first and sends the rest to Redis; the leased hits are kept
 // only if the batch is charged there, and put back otherwise: all or nothing.
 //
-// A leased hit is counted in Redis from the instant its lease was charged, up to half a
-// lifetime before it is admitted; the remaining and reset a leased decision reports are the
+// A leased hit is counted in Redis from the instant its lease was charged, up to a lifetime
+// before it is admitted; the remaining and reset a leased decision reports are the
 // lease's: what Redis said when the lease was charged, plus the lease's unused hits, less
 // what this replica took since. Other replicas' decisions since are not in them.
 //
@@ -44,7 +44,8 @@ import (
 type leases struct {
 	b        *Backend
 	lifetime time.Duration
-	usable   int64 // ns: how long after its charge a lease admits (half the lifetime)
+	usable   int64 // ns: how long after its charge a lease admits (the lifetime)
+	window   int64 // ns: the span demand is counted over (half the lifetime)
 	seed     maphash.Seed
 	slots    [leaseSlots]leaseSlot
 
@@ -108,7 +109,7 @@ func (s *leaseSlot) clear() {
 }
 
 func newLeases(b *Backend, lifetime time.Duration) *leases {
-	l := &leases{b: b, lifetime: lifetime, usable: int64(lifetime / 2), seed: maphash.MakeSeed(),
+	l := &leases{b: b, lifetime: lifetime, usable: int64(lifetime), window: int64(lifetime / 2), seed: maphash.MakeSeed(),
 		active: map[int]struct{}{}, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go l.sweep()
 	return l
@@ -176,7 +177,8 @@ func (l *leases) decide(ctx context.Context, reqs []backend.Request, out []backe
 		}
 		sc.slot[i] = k
 		nSlot++
-		if s.leased && now >= s.until {
+		if s.leased && (now >= s.until || s.left < r.Cost) {
+			// Past its time, or too small for r: the next lease replaces it.
 			l.end(k, s)
 		}
 		switch {
@@ -289,8 +291,8 @@ func (l *leases) track(s *leaseSlot, r *backend.Request, now int64) bool {
 		s.clear()
 		s.key, s.lim, s.since = r.Key, r.Limit, now
 	}
-	if d := now - s.since; d >= l.usable {
-		if d < 2*l.usable {
+	if d := now - s.since; d >= l.window {
+		if d < 2*l.window {
 			s.prev = s.hits
 		} else {
 			s.prev = 0
@@ -304,9 +306,9 @@ func (l *leases) track(s *leaseSlot, r *backend.Request, now int64) bool {
 // demand is s's hits over the last half lifetime.
 func (l *leases) demand(s *leaseSlot, now int64) int64 {
 	switch d := now - s.since; {
-	case d < l.usable:
+	case d < l.window:
 		return max(s.hits, s.prev)
-	case d < 2*l.usable:
+	case d < 2*l.window:
 		return s.hits
 	}
 	return 0
@@ -317,7 +319,8 @@ func (l *leases) size(s *leaseSlot, r *backend.Request, now int64) int64 {
 	if !s.known {
 		return 0
 	}
-	k := l.demand(s, now)
+	// About one lifetime of this replica's traffic: twice the demand of half of one.
+	k := 2 * l.demand(s, now)
 	if k < minLease {
 		return 0
 	}

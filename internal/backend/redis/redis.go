@@ -61,8 +61,8 @@ type Options struct {
 	// a node that lost its data (FLUSHALL, a restart without persistence) is logged and counted.
 	HealthInterval time.Duration
 	// LeaseLifetime, when > 0, lets hot keys lease budget (see lease.go): a lease of k hits is
-	// charged in Redis and admits up to k requests here for half of LeaseLifetime; what it did
-	// not use is given back by the end of LeaseLifetime. 0 sends every decision to Redis.
+	// charged in Redis and admits up to k requests here for LeaseLifetime; what it did not use
+	// is then given back. 0 sends every decision to Redis.
 	LeaseLifetime time.Duration
 	// Now is this process's clock (default time.Now), read only for the local cache: decisions
 	// take their time from Redis.

@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -33,22 +34,27 @@ func TestConformance(t *testing.T) {
 	}
 }
 
-// TestSentinel runs the conformance suite through a Sentinel that monitors a Redis started here.
+// TestSentinel runs the conformance suite through a Sentinel that monitors a Redis started
+// here, without leases and with them (as rls runs by default).
 func TestSentinel(t *testing.T) {
 	r := redistest.Start(t)
 	target, err := ParseURL("redis-sentinel://" + startSentinel(t, r.Addr()) + "/rlsmaster")
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := New(context.Background(), Options{Target: target, Timeout: 5 * time.Second})
-	if err != nil {
-		t.Fatal(err)
+	for _, lifetime := range []time.Duration{0, 50 * time.Millisecond} {
+		t.Run(fmt.Sprintf("leases %v", lifetime), func(t *testing.T) {
+			b, err := New(context.Background(), Options{Target: target, Timeout: 5 * time.Second, LeaseLifetime: lifetime})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer b.Close()
+			if !b.Healthy() {
+				t.Fatal("not healthy through Sentinel")
+			}
+			backendtest.Run(t, func(t *testing.T) backend.Backend { return b })
+		})
 	}
-	defer b.Close()
-	if !b.Healthy() {
-		t.Fatal("not healthy through Sentinel")
-	}
-	backendtest.Run(t, func(t *testing.T) backend.Backend { return b })
 	direct := goredis.NewClient(&goredis.Options{Addr: r.Addr()})
 	defer direct.Close()
 	if n, err := direct.DBSize(context.Background()).Result(); err != nil || n == 0 {

@@ -209,7 +209,8 @@ func (l *leases) decide(ctx context.Context, reqs []backend.Request, out []backe
 
 	// The rest goes to Redis, with the leases some requests carry.
 	sub, subOut := reqs, out
-	if nLocal > 0 || nExtra > 0 {
+	copied := nLocal > 0 || nExtra > 0 // sub is a copy: its decisions go back into out
+	if copied {
 		for i := range reqs {
 			if sc.local[i] {
 				continue
@@ -246,7 +247,7 @@ func (l *leases) decide(ctx context.Context, reqs []backend.Request, out []backe
 			return false, err
 		}
 	}
-	if len(sub) != len(reqs) || nExtra > 0 {
+	if copied {
 		for n, i := range sc.subIdx {
 			out[i] = subOut[n]
 		}

@@ -222,11 +222,15 @@ func (j *job) plan(b *Backend, reqs []backend.Request, out []backend.Decision) e
 
 // newCall appends an empty call for slot s, reusing the buffers of an earlier decision.
 func (j *job) newCall(s int) {
+	// The two grow apart: append rounds each capacity to its own element size.
 	if len(j.calls) < cap(j.calls) {
 		j.calls = j.calls[:len(j.calls)+1]
-		j.idx = j.idx[:len(j.idx)+1]
 	} else {
 		j.calls = append(j.calls, call{})
+	}
+	if len(j.idx) < cap(j.idx) {
+		j.idx = j.idx[:len(j.idx)+1]
+	} else {
 		j.idx = append(j.idx, nil)
 	}
 	j.calls[len(j.calls)-1].reset()

@@ -275,3 +275,22 @@ func TestLeaseBound(t *testing.T) {
 		t.Fatalf("%v after: %d remaining, want the full %d", d.ResetAfter, d.Remaining, l.Burst)
 	}
 }
+
+// TestJobGrowsOverSlots: one backend decides batches of 1 to 64 keys on as many Cluster slots,
+// growing and reusing its pooled jobs (as the refunds of many leases do at once): each is
+// decided, none panics.
+func TestJobGrowsOverSlots(t *testing.T) {
+	b := newTestBackend(t, clusterEnv, Options{})
+	l := limit.Limit{Rate: 100, Period: time.Second, Burst: 100}
+	for n := 1; n <= 64; n++ {
+		reqs := make([]backend.Request, n)
+		for i := range reqs {
+			reqs[i] = backend.Request{Key: fmt.Sprintf("grow-%d-%d", n, i), Limit: l, Cost: 1}
+		}
+		out := make([]backend.Decision, n)
+		ok, err := b.Decide(context.Background(), reqs, out)
+		if err != nil || !ok {
+			t.Fatalf("%d keys: admitted=%v err=%v", n, ok, err)
+		}
+	}
+}

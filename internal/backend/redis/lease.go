@@ -52,6 +52,7 @@ type leases struct {
 	activeMu sync.Mutex
 	active   map[int]struct{} // slots holding a lease
 	ended    []backend.Request
+	queued   atomic.Int64 // len(ended), read without the lock on the decision path
 	wake     chan struct{}
 	stop     chan struct{}
 	done     chan struct{}
@@ -467,15 +468,13 @@ func (l *leases) end(k int, s *leaseSlot) {
 func (l *leases) endHits(r *backend.Request, n int64) {
 	l.activeMu.Lock()
 	l.ended = append(l.ended, backend.Request{Key: r.Key, Limit: r.Limit, Cost: n, Refund: true})
+	l.queued.Store(int64(len(l.ended)))
 	l.activeMu.Unlock()
 }
 
 // flush wakes the sweeper when hits are queued to be given back.
 func (l *leases) flush() {
-	l.activeMu.Lock()
-	n := len(l.ended)
-	l.activeMu.Unlock()
-	if n > 0 {
+	if l.queued.Load() > 0 {
 		select {
 		case l.wake <- struct{}{}:
 		default:
@@ -525,6 +524,7 @@ func (l *leases) giveBack() {
 	l.activeMu.Lock()
 	rs := l.ended
 	l.ended = nil
+	l.queued.Store(0)
 	l.activeMu.Unlock()
 	if len(rs) == 0 {
 		return

@@ -54,6 +54,9 @@ type node struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	leadOnce sync.Once
+	leadRdb  goredis.UniversalClient // rdb's connections, for leaders' pipelines (see leadClient)
 }
 
 // nodeConfig is how a Backend builds its nodes' pipelines and breakers.
@@ -76,7 +79,7 @@ func (b *Backend) newNode(name string, rdb, probe goredis.UniversalClient, own b
 	cfg := b.nodeCfg
 	// A pipeline unanswered for slowAfter sends a probe, so that the decisions that then run out
 	// of time can tell a slow node from an overloaded process (see ranOut).
-	n.co = newCoalescer(n.sendCalls, n.kickProbe, cfg.coalesce, cfg.senders)
+	n.co = newCoalescer(n.sendPipeline, n.kickProbe, cfg.coalesce, cfg.senders)
 	n.br = newBreaker(cfg.failures, cfg.cooldown, n.recover, n.healthChanged)
 	n.lastReply.Store(b.mono())
 	return n
@@ -299,11 +302,21 @@ func newEpoch() string {
 // consecutive calls go out as one merged script call; on a Cluster each call is its own script
 // call. It reports what Redis did to the node's breaker: it is the only place that learns
 // whether the node answers.
-func (n *node) sendCalls(calls []*call, deadline time.Time) {
+func (n *node) sendCalls(calls []*call, deadline time.Time) { n.sendPipeline(calls, deadline, false) }
+
+// sendPipeline is sendCalls, and the coalescer's send. A leader's pipeline (lead) goes through
+// leadClient, its reads bounded by deadline: one cut short there ran out of its caller's
+// budget, which says nothing about Redis, as for a call abandoned in flight; it reports that
+// (ranOut), with no call's reply to read, and tells the breaker nothing.
+func (n *node) sendPipeline(calls []*call, deadline time.Time, lead bool) (ranOut bool) {
 	if len(calls) == 0 {
-		return
+		return false
 	}
 	b := n.b
+	rdb := n.rdb
+	if lead {
+		rdb = n.leadClient()
+	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	var cmds []*goredis.Cmd
@@ -323,7 +336,11 @@ func (n *node) sendCalls(calls []*call, deadline time.Time) {
 			}
 		}
 	}
-	n.observe(n.exec(ctx, cmds, asking), cmds)
+	err := n.execOn(ctx, rdb, cmds, asking)
+	if lead && err != nil && !time.Now().Before(deadline) {
+		return true
+	}
+	n.observe(err, cmds)
 	for k, cmd := range cmds {
 		g := calls[k : k+1]
 		if merged {
@@ -349,6 +366,25 @@ func (n *node) sendCalls(calls []*call, deadline time.Time) {
 			c.err = derr
 		}
 	}
+	return false
+}
+
+// leadClient returns the client of leaders' pipelines: rdb's own connections (the same pool
+// and hooks), with a context's deadline bounding socket reads and writes too, as the probe's
+// do. A read cut short closes its connection, so only a pipeline that carries nothing but its
+// caller's calls may go through it. Made at the first leader, it takes the hooks rdb has then.
+func (n *node) leadClient() goredis.UniversalClient {
+	n.leadOnce.Do(func() {
+		n.leadRdb = n.rdb
+		// Every node's client is one (newClient, newNodeClient).
+		if c, ok := n.rdb.(*goredis.Client); ok {
+			o := c.Options()
+			lc := c.WithTimeout(o.ReadTimeout)
+			lc.Options().ContextTimeoutEnabled = true // its own copy of the options
+			n.leadRdb = lc
+		}
+	})
+	return n.leadRdb
 }
 
 // exec sends cmds in one pipeline, as FCALL while the library is loaded (see librarySource) and
@@ -360,6 +396,11 @@ func (n *node) sendCalls(calls []*call, deadline time.Time) {
 // after ASKING (a slot being migrated to this node). exec returns the error of the round trip
 // itself (no connection, a timeout), if any; each command carries its own error as well.
 func (n *node) exec(ctx context.Context, cmds []*goredis.Cmd, asking []bool) error {
+	return n.execOn(ctx, n.rdb, cmds, asking)
+}
+
+// execOn is exec on rdb: the node's decisions' client or its leadClient.
+func (n *node) execOn(ctx context.Context, rdb goredis.UniversalClient, cmds []*goredis.Cmd, asking []bool) error {
 	b := n.b
 	fcall := b.fcall.Load()
 	if fcall {
@@ -368,7 +409,7 @@ func (n *node) exec(ctx context.Context, cmds []*goredis.Cmd, asking []bool) err
 			a[0], a[1] = "fcall", functionName
 		}
 	}
-	if err := n.pipeline(ctx, cmds, asking); err != nil {
+	if err := pipeline(ctx, rdb, cmds, asking); err != nil {
 		return err
 	}
 	var again []*goredis.Cmd
@@ -408,17 +449,17 @@ func (n *node) exec(ctx context.Context, cmds []*goredis.Cmd, asking []bool) err
 		if asking == nil {
 			againAsking = nil
 		}
-		return n.pipeline(ctx, again, againAsking)
+		return pipeline(ctx, rdb, again, againAsking)
 	}
 	return nil
 }
 
-// pipeline sends cmds in one round trip; each command carries its own error. It returns the
-// error of the round trip itself, when it failed. A command marked in asking goes after an
+// pipeline sends cmds in one round trip on rdb; each command carries its own error. It returns
+// the error of the round trip itself, when it failed. A command marked in asking goes after an
 // ASKING.
-func (n *node) pipeline(ctx context.Context, cmds []*goredis.Cmd, asking []bool) error {
+func pipeline(ctx context.Context, rdb goredis.UniversalClient, cmds []*goredis.Cmd, asking []bool) error {
 	if len(cmds) == 1 && asking == nil {
-		if err := n.rdb.Process(ctx, cmds[0]); err != nil {
+		if err := rdb.Process(ctx, cmds[0]); err != nil {
 			if cmds[0].Err() == nil {
 				cmds[0].SetErr(err)
 			}
@@ -428,7 +469,7 @@ func (n *node) pipeline(ctx context.Context, cmds []*goredis.Cmd, asking []bool)
 		}
 		return nil
 	}
-	pipe := n.rdb.Pipeline()
+	pipe := rdb.Pipeline()
 	for i, c := range cmds {
 		if asking != nil && asking[i] {
 			_ = pipe.Process(ctx, goredis.NewStatusCmd(ctx, "asking"))

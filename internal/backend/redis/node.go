@@ -56,7 +56,7 @@ type node struct {
 	wg   sync.WaitGroup
 
 	leadOnce sync.Once
-	leadRdb  goredis.UniversalClient // rdb's connections, for leaders' pipelines (see leadClient)
+	leadOK   bool // leaders' pipelines have their reads bounded (see leadHook)
 }
 
 // nodeConfig is how a Backend builds its nodes' pipelines and breakers.
@@ -304,21 +304,24 @@ func newEpoch() string {
 // whether the node answers.
 func (n *node) sendCalls(calls []*call, deadline time.Time) { n.sendPipeline(calls, deadline, false) }
 
-// sendPipeline is sendCalls, and the coalescer's send. A leader's pipeline (lead) goes through
-// leadClient, its reads bounded by deadline: one cut short there ran out of its caller's
-// budget, which says nothing about Redis, as for a call abandoned in flight; it reports that
-// (ranOut), with no call's reply to read, and tells the breaker nothing.
+// sendPipeline is sendCalls, and the coalescer's send. A leader's pipeline (lead) has its
+// socket reads bounded by deadline too (see leadHook): one cut short there ran out of its
+// caller's budget, which says nothing about Redis, as for a call abandoned in flight; it
+// reports that (ranOut), with no call's reply to read, and tells the breaker nothing.
 func (n *node) sendPipeline(calls []*call, deadline time.Time, lead bool) (ranOut bool) {
 	if len(calls) == 0 {
 		return false
 	}
 	b := n.b
-	rdb := n.rdb
-	if lead {
-		rdb = n.leadClient()
-	}
+	var ctx context.Context
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	if lead {
+		n.leadOnce.Do(n.startLead)
+		if n.leadOK {
+			ctx = leadCtx{ctx}
+		}
+	}
 	var cmds []*goredis.Cmd
 	var asking []bool
 	now := b.nowArg()
@@ -336,7 +339,7 @@ func (n *node) sendPipeline(calls []*call, deadline time.Time, lead bool) (ranOu
 			}
 		}
 	}
-	err := n.execOn(ctx, rdb, cmds, asking)
+	err := n.exec(ctx, cmds, asking)
 	if lead && err != nil && !time.Now().Before(deadline) {
 		return true
 	}
@@ -369,22 +372,64 @@ func (n *node) sendPipeline(calls []*call, deadline time.Time, lead bool) (ranOu
 	return false
 }
 
-// leadClient returns the client of leaders' pipelines: rdb's own connections (the same pool
-// and hooks), with a context's deadline bounding socket reads and writes too, as the probe's
-// do. A read cut short closes its connection, so only a pipeline that carries nothing but its
-// caller's calls may go through it. Made at the first leader, it takes the hooks rdb has then.
-func (n *node) leadClient() goredis.UniversalClient {
-	n.leadOnce.Do(func() {
-		n.leadRdb = n.rdb
-		// Every node's client is one (newClient, newNodeClient).
-		if c, ok := n.rdb.(*goredis.Client); ok {
-			o := c.Options()
-			lc := c.WithTimeout(o.ReadTimeout)
-			lc.Options().ContextTimeoutEnabled = true // its own copy of the options
-			n.leadRdb = lc
+// leadKey marks a leader's pipeline in its context: leadCtx.
+type leadKey struct{}
+
+type leadCtx struct{ context.Context }
+
+func (c leadCtx) Value(k any) any {
+	if k == (leadKey{}) {
+		return true
+	}
+	return c.Context.Value(k)
+}
+
+// startLead adds a leadHook to the node's client, at its first leader's pipeline. Every node's
+// client is a *goredis.Client (newClient, newNodeClient); were it not, leaders' reads would be
+// bounded by the socket timeout only.
+func (n *node) startLead() {
+	c, ok := n.rdb.(*goredis.Client)
+	if !ok {
+		return
+	}
+	lc := c.WithTimeout(c.Options().ReadTimeout)
+	lc.Options().ContextTimeoutEnabled = true // its own copy of the options
+	c.AddHook(leadHook{lc})
+	n.leadOK = true
+}
+
+// leadHook runs the commands of a leader's pipeline (marked by leadCtx) on c: the node's client
+// on its own connections, with its context's deadline bounding socket reads and writes too, as
+// the probe's client does. The connection of a read cut short is closed, so only a pipeline that
+// carries nothing but its caller's calls may go that way. go-redis hooks do not follow a client
+// to its WithTimeout copy, so the commands go through the node's client and its hooks, and only
+// at the last of them, this one, to c: added at the first leader, it sees the hooks added
+// before it (tests' counters) and not those added later.
+type leadHook struct{ c *goredis.Client }
+
+func (h leadHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h leadHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if ctx.Value(leadKey{}) == nil {
+			return next(ctx, cmd)
 		}
-	})
-	return n.leadRdb
+		return h.c.Process(ctx, cmd)
+	}
+}
+
+func (h leadHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if ctx.Value(leadKey{}) == nil {
+			return next(ctx, cmds)
+		}
+		pipe := h.c.Pipeline()
+		for _, c := range cmds {
+			_ = pipe.Process(ctx, c)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
+	}
 }
 
 // exec sends cmds in one pipeline, as FCALL while the library is loaded (see librarySource) and
@@ -396,11 +441,6 @@ func (n *node) leadClient() goredis.UniversalClient {
 // after ASKING (a slot being migrated to this node). exec returns the error of the round trip
 // itself (no connection, a timeout), if any; each command carries its own error as well.
 func (n *node) exec(ctx context.Context, cmds []*goredis.Cmd, asking []bool) error {
-	return n.execOn(ctx, n.rdb, cmds, asking)
-}
-
-// execOn is exec on rdb: the node's decisions' client or its leadClient.
-func (n *node) execOn(ctx context.Context, rdb goredis.UniversalClient, cmds []*goredis.Cmd, asking []bool) error {
 	b := n.b
 	fcall := b.fcall.Load()
 	if fcall {
@@ -409,7 +449,7 @@ func (n *node) execOn(ctx context.Context, rdb goredis.UniversalClient, cmds []*
 			a[0], a[1] = "fcall", functionName
 		}
 	}
-	if err := pipeline(ctx, rdb, cmds, asking); err != nil {
+	if err := n.pipeline(ctx, cmds, asking); err != nil {
 		return err
 	}
 	var again []*goredis.Cmd
@@ -449,17 +489,17 @@ func (n *node) execOn(ctx context.Context, rdb goredis.UniversalClient, cmds []*
 		if asking == nil {
 			againAsking = nil
 		}
-		return pipeline(ctx, rdb, again, againAsking)
+		return n.pipeline(ctx, again, againAsking)
 	}
 	return nil
 }
 
-// pipeline sends cmds in one round trip on rdb; each command carries its own error. It returns
-// the error of the round trip itself, when it failed. A command marked in asking goes after an
+// pipeline sends cmds in one round trip; each command carries its own error. It returns the
+// error of the round trip itself, when it failed. A command marked in asking goes after an
 // ASKING.
-func pipeline(ctx context.Context, rdb goredis.UniversalClient, cmds []*goredis.Cmd, asking []bool) error {
+func (n *node) pipeline(ctx context.Context, cmds []*goredis.Cmd, asking []bool) error {
 	if len(cmds) == 1 && asking == nil {
-		if err := rdb.Process(ctx, cmds[0]); err != nil {
+		if err := n.rdb.Process(ctx, cmds[0]); err != nil {
 			if cmds[0].Err() == nil {
 				cmds[0].SetErr(err)
 			}
@@ -469,7 +509,7 @@ func pipeline(ctx context.Context, rdb goredis.UniversalClient, cmds []*goredis.
 		}
 		return nil
 	}
-	pipe := rdb.Pipeline()
+	pipe := n.rdb.Pipeline()
 	for i, c := range cmds {
 		if asking != nil && asking[i] {
 			_ = pipe.Process(ctx, goredis.NewStatusCmd(ctx, "asking"))

@@ -6,32 +6,50 @@ import (
 	"time"
 )
 
-// coalescer runs the script calls of concurrent Decide calls in pipelines, on a fixed set of
-// sender goroutines: a caller queues its calls and waits for their replies or for its budget;
-// a sender takes what has queued (up to max calls, at least one caller's) and runs it through
-// the send function as one pipeline. A lone caller's calls leave at once; under load, callers
-// that arrive while a pipeline is in flight go out together in the next one, so Redis pays a
-// script call's fixed cost once for many decisions.
+// coalescer runs the script calls of concurrent Decide calls in pipelines. A caller that finds
+// nothing queued and no other caller leading leads: it sends its own calls as a pipeline, in its
+// own goroutine, so that a lone decision costs one round trip and no hand-over to another
+// goroutine and back. Callers that arrive meanwhile queue, and a fixed set of sender goroutines
+// take what has queued (up to max calls, at least one caller's) and run it through the send
+// function as one pipeline: under load, callers that arrive while pipelines are in flight go out
+// together in the next one, so Redis pays a script call's fixed cost once for many decisions.
+// At most one caller leads at a time, so leading adds at most one pipeline in flight to the
+// senders' and never takes from them the callers they would batch.
 //
 // A caller never waits past its budget: a call still queued then is dropped unsent (nothing was
 // charged), one in flight is abandoned to its sender. A pipeline waits for a connection (or
 // dials one) no longer than the latest budget of its callers, so a call whose caller gave up
-// is never sent late; once written, its replies are read under the client's socket timeout, not
-// under callers' deadlines, so a caller's short deadline never breaks the connection that
-// carries the others' calls.
+// is never sent late; once written, a sender's pipeline has its replies read under the client's
+// socket timeout, not under callers' deadlines, so a caller's short deadline never breaks the
+// connection that carries the others' calls. A leader cannot abandon its pipeline, being the
+// goroutine that reads it, so its read is bounded by its own deadline instead (send's lead): its
+// pipeline carries only its own calls, and a read cut short breaks a connection that carried
+// nothing else. Running out of time then is the leader's own, as for an abandoned call: the
+// call may have been charged, and the node's breaker is not told (see sendCalls).
 type coalescer struct {
-	send    func(calls []*call, deadline time.Time) // runs calls as one pipeline, setting each call's reply or err
-	slow    func()                                  // called when a pipeline has been in flight for slowAfter (nil: never)
-	max     int                                     // calls per pipeline, but at least one caller's
+	// send runs calls as one pipeline, setting each call's reply or err. lead: a leader's, its
+	// socket reads and writes bounded by deadline too; it then reports whether it gave up at
+	// the deadline (ranOut), with no reply read.
+	send    func(calls []*call, deadline time.Time, lead bool) (ranOut bool)
+	slow    func() // called when a pipeline has been in flight for slowAfter (nil: never)
+	max     int    // calls per pipeline, but at least one caller's
 	senders int
 
-	mu     sync.Mutex
-	cond   sync.Cond // signalled when the queue grows or the coalescer closes
-	queue  []*pending
-	idle   int // senders waiting on cond
-	closed bool
-	wg     sync.WaitGroup
+	mu      sync.Mutex
+	cond    sync.Cond // signalled when the queue grows or the coalescer closes
+	queue   []*pending
+	idle    int  // senders waiting on cond
+	leading bool // a caller leads (see submit)
+	closed  bool
+	wg      sync.WaitGroup // the senders and the leader
+
+	watch *time.Timer // the leader's pipeline's slowAfter, armed while it is in flight
 }
+
+// minLead is the least budget a caller leads with: with less, the round trip would likely be
+// cut short, breaking its connection, so the caller queues and is dropped unsent or abandoned as
+// its budget ends.
+const minLead = time.Millisecond
 
 // lingerYields is how many times a sender yields the CPU to callers ready to queue before it
 // sends what has queued.
@@ -54,6 +72,7 @@ type pending struct {
 	timer    *time.Timer   // the caller's budget; stopped when idle
 	state    int
 	deadline time.Time // when its caller stops waiting
+	lead     bool      // its caller leads (see submit); touched by its caller only
 }
 
 func newPending() *pending {
@@ -62,9 +81,13 @@ func newPending() *pending {
 	return &pending{wake: make(chan struct{}, 1), timer: t}
 }
 
-func newCoalescer(send func([]*call, time.Time), slow func(), max, senders int) *coalescer {
+func newCoalescer(send func([]*call, time.Time, bool) bool, slow func(), max, senders int) *coalescer {
 	c := &coalescer{send: send, slow: slow, max: max, senders: senders}
 	c.cond.L = &c.mu
+	if slow != nil {
+		c.watch = time.AfterFunc(time.Hour, slow)
+		c.watch.Stop()
+	}
 	c.wg.Add(senders)
 	for range senders {
 		go c.run()
@@ -87,14 +110,29 @@ const (
 // pendings to other coalescers (the nodes of a Cluster), so that they are in flight together.
 // The deadline is absolute, fixed before the caller may wait for the lock: a budget counted
 // from here would start late on a starved machine and outlast the caller's own deadline.
+//
+// When nothing is queued, no other caller leads and at least minLead of the budget is left, the
+// caller leads: submit queues nothing and await sends p's calls in the caller's goroutine.
+// Leading happens in await, not here, so that a caller's submits to several coalescers all
+// return at once; but a caller awaits its pendings in turn, and a leader's pipeline leaves only
+// in its await, so two leading pendings of one decision would go one round trip after the
+// other. The pendings of a decision whose batch is split across calls (multi: Cluster slots,
+// which may be on several nodes) therefore never lead: they queue, to be in flight together.
 func (c *coalescer) submit(p *pending, deadline time.Time) bool {
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
 		return false
 	}
-	p.state = stateQueued
 	p.deadline = deadline
+	if len(c.queue) == 0 && !c.leading && len(p.calls) > 0 && !p.calls[0].multi && time.Until(deadline) >= minLead {
+		c.leading = true
+		c.wg.Add(1)
+		c.mu.Unlock()
+		p.lead = true
+		return true
+	}
+	p.state = stateQueued
 	c.queue = append(c.queue, p)
 	if c.idle > 0 {
 		c.cond.Signal()
@@ -108,6 +146,9 @@ func (c *coalescer) submit(p *pending, deadline time.Time) bool {
 // closed. For any result but replied and unsent, p may still belong to its sender: the caller
 // must not reuse it.
 func (c *coalescer) await(p *pending, done <-chan struct{}) waitResult {
+	if p.lead {
+		return c.lead(p, done)
+	}
 	var res waitResult
 	select {
 	case <-p.wake:
@@ -143,6 +184,38 @@ func (c *coalescer) await(p *pending, done <-chan struct{}) waitResult {
 	// stateDone: the replies came in as time ran out.
 	<-p.wake
 	p.state = stateIdle
+	return replied
+}
+
+// lead sends p's calls as the leader's pipeline, in the caller's goroutine (see submit), unless
+// its budget passed or done was closed first: then nothing is sent. Once sent, done is not
+// watched: the pipeline gives up at the deadline anyway.
+func (c *coalescer) lead(p *pending, done <-chan struct{}) waitResult {
+	defer func() {
+		p.lead = false
+		c.mu.Lock()
+		c.leading = false
+		c.mu.Unlock()
+		c.wg.Done()
+	}()
+	if !time.Now().Before(p.deadline) {
+		return unsent
+	}
+	select {
+	case <-done:
+		return canceled
+	default:
+	}
+	if c.watch != nil {
+		c.watch.Reset(slowAfter)
+	}
+	ranOut := c.send(p.calls, p.deadline, true)
+	if c.watch != nil {
+		c.watch.Stop()
+	}
+	if ranOut {
+		return inFlight
+	}
 	return replied
 }
 
@@ -210,7 +283,7 @@ func (c *coalescer) run() {
 		if watch != nil {
 			watch.Reset(slowAfter)
 		}
-		c.send(calls, deadline)
+		c.send(calls, deadline, false)
 		if watch != nil {
 			watch.Stop()
 		}
@@ -228,11 +301,14 @@ func (c *coalescer) run() {
 	}
 }
 
-// close stops the senders once the queue is drained.
+// close stops the senders once the queue is drained, and waits for the leader's pipeline.
 func (c *coalescer) close() {
 	c.mu.Lock()
 	c.closed = true
 	c.cond.Broadcast()
 	c.mu.Unlock()
 	c.wg.Wait()
+	if c.watch != nil {
+		c.watch.Stop()
+	}
 }

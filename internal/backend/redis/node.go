@@ -54,6 +54,9 @@ type node struct {
 
 	stop chan struct{}
 	wg   sync.WaitGroup
+
+	leadOnce sync.Once
+	leadOK   bool // leaders' pipelines have their reads bounded (see leadHook)
 }
 
 // nodeConfig is how a Backend builds its nodes' pipelines and breakers.
@@ -76,7 +79,7 @@ func (b *Backend) newNode(name string, rdb, probe goredis.UniversalClient, own b
 	cfg := b.nodeCfg
 	// A pipeline unanswered for slowAfter sends a probe, so that the decisions that then run out
 	// of time can tell a slow node from an overloaded process (see ranOut).
-	n.co = newCoalescer(n.sendCalls, n.kickProbe, cfg.coalesce, cfg.senders)
+	n.co = newCoalescer(n.sendPipeline, n.kickProbe, cfg.coalesce, cfg.senders)
 	n.br = newBreaker(cfg.failures, cfg.cooldown, n.recover, n.healthChanged)
 	n.lastReply.Store(b.mono())
 	return n
@@ -299,13 +302,26 @@ func newEpoch() string {
 // consecutive calls go out as one merged script call; on a Cluster each call is its own script
 // call. It reports what Redis did to the node's breaker: it is the only place that learns
 // whether the node answers.
-func (n *node) sendCalls(calls []*call, deadline time.Time) {
+func (n *node) sendCalls(calls []*call, deadline time.Time) { n.sendPipeline(calls, deadline, false) }
+
+// sendPipeline is sendCalls, and the coalescer's send. A leader's pipeline (lead) has its
+// socket reads bounded by deadline too (see leadHook): one cut short there ran out of its
+// caller's budget, which says nothing about Redis, as for a call abandoned in flight; it
+// reports that (ranOut), with no call's reply to read, and tells the breaker nothing.
+func (n *node) sendPipeline(calls []*call, deadline time.Time, lead bool) (ranOut bool) {
 	if len(calls) == 0 {
-		return
+		return false
 	}
 	b := n.b
+	var ctx context.Context
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
+	if lead {
+		n.leadOnce.Do(n.startLead)
+		if n.leadOK {
+			ctx = leadCtx{ctx}
+		}
+	}
 	var cmds []*goredis.Cmd
 	var asking []bool
 	now := b.nowArg()
@@ -323,7 +339,11 @@ func (n *node) sendCalls(calls []*call, deadline time.Time) {
 			}
 		}
 	}
-	n.observe(n.exec(ctx, cmds, asking), cmds)
+	err := n.exec(ctx, cmds, asking)
+	if lead && err != nil && !time.Now().Before(deadline) {
+		return true
+	}
+	n.observe(err, cmds)
 	for k, cmd := range cmds {
 		g := calls[k : k+1]
 		if merged {
@@ -348,6 +368,67 @@ func (n *node) sendCalls(calls []*call, deadline time.Time) {
 		for _, c := range g {
 			c.err = derr
 		}
+	}
+	return false
+}
+
+// leadKey marks a leader's pipeline in its context: leadCtx.
+type leadKey struct{}
+
+type leadCtx struct{ context.Context }
+
+func (c leadCtx) Value(k any) any {
+	if k == (leadKey{}) {
+		return true
+	}
+	return c.Context.Value(k)
+}
+
+// startLead adds a leadHook to the node's client, at its first leader's pipeline. Every node's
+// client is a *goredis.Client (newClient, newNodeClient); were it not, leaders' reads would be
+// bounded by the socket timeout only.
+func (n *node) startLead() {
+	c, ok := n.rdb.(*goredis.Client)
+	if !ok {
+		return
+	}
+	lc := c.WithTimeout(c.Options().ReadTimeout)
+	lc.Options().ContextTimeoutEnabled = true // its own copy of the options
+	c.AddHook(leadHook{lc})
+	n.leadOK = true
+}
+
+// leadHook runs the commands of a leader's pipeline (marked by leadCtx) on c: the node's client
+// on its own connections, with its context's deadline bounding socket reads and writes too, as
+// the probe's client does. The connection of a read cut short is closed, so only a pipeline that
+// carries nothing but its caller's calls may go that way. go-redis hooks do not follow a client
+// to its WithTimeout copy, so the commands go through the node's client and its hooks, and only
+// at the last of them, this one, to c: added at the first leader, it sees the hooks added
+// before it (tests' counters) and not those added later.
+type leadHook struct{ c *goredis.Client }
+
+func (h leadHook) DialHook(next goredis.DialHook) goredis.DialHook { return next }
+
+func (h leadHook) ProcessHook(next goredis.ProcessHook) goredis.ProcessHook {
+	return func(ctx context.Context, cmd goredis.Cmder) error {
+		if ctx.Value(leadKey{}) == nil {
+			return next(ctx, cmd)
+		}
+		return h.c.Process(ctx, cmd)
+	}
+}
+
+func (h leadHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []goredis.Cmder) error {
+		if ctx.Value(leadKey{}) == nil {
+			return next(ctx, cmds)
+		}
+		pipe := h.c.Pipeline()
+		for _, c := range cmds {
+			_ = pipe.Process(ctx, c)
+		}
+		_, err := pipe.Exec(ctx)
+		return err
 	}
 }
 

@@ -203,8 +203,10 @@ descriptors:
 }
 
 // TestShutdownWithRedisStalled: on SIGTERM, a Redis that has stopped answering (CLIENT PAUSE)
-// keeps rls no longer than --shutdown-timeout plus the second closing the backend may take,
-// though the pipeline in flight would wait for Redis for the socket's 5 s read timeout.
+// keeps rls no longer than --shutdown-timeout plus the 1.2 s the cancelled calls and closing the
+// backend may take, though the pipeline in flight would wait for Redis for the socket's 5 s read
+// timeout, and a lone call reading its own reply (the coalescer's leader) waits up to its 5 s
+// deadline without watching its cancellation.
 func TestShutdownWithRedisStalled(t *testing.T) {
 	r := redistest.Start(t)
 	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"shop.yaml": coreRules}),

@@ -131,7 +131,18 @@ func (s *Server) drain(ctx context.Context) {
 	case <-ctx.Done():
 		s.log.Warn("in-flight calls did not finish in time; closing", "timeout", s.cfg.Shutdown.Timeout)
 		s.grpc.Stop()
-		<-stopped
+		// Stop cancels every call, and GracefulStop then returns once their handlers have.
+		// A handler that does not return at once waits on the backend without watching its
+		// call: a lone decision reading its own reply from a Redis that stopped answering,
+		// bounded by its deadline only (up to --redis-timeout). It is not waited for, as
+		// closing the backend does not wait for a pipeline in flight (backendCloseTimeout).
+		t := time.NewTimer(handlersStopTimeout)
+		select {
+		case <-stopped:
+		case <-t.C:
+			s.log.Warn("calls still waiting on the backend; closing it under them", "waited", handlersStopTimeout)
+		}
+		t.Stop()
 	}
 	// /readyz stays up (saying 503) through the drain; HTTP requests in flight get what is
 	// left of the timeout.
@@ -145,6 +156,10 @@ func (s *Server) drain(ctx context.Context) {
 		_ = s.metrics.Shutdown(ctx)
 	}
 }
+
+// handlersStopTimeout is how long a drain cut short waits for the handlers of the calls it
+// cancelled to return.
+const handlersStopTimeout = 200 * time.Millisecond
 
 // backendCloseTimeout is how long closing waits for the backend: a Redis that stopped answering
 // holds the pipeline in flight until the socket's read timeout, which must not keep the process

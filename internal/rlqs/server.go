@@ -417,7 +417,7 @@ func (s *Server) leave(st *stream) {
 	s.mu.Unlock()
 	// Nothing else decides for this stream any more (only its own goroutine, this one, did), so
 	// the store is called without st.mu, which the metrics and /debug/rlqs need meanwhile.
-	// A stream may hold thousands of buckets, each a round trip or two to a shared store: up to
+	// A stream may hold thousands of buckets, each a round trip to a shared store: up to
 	// leaveParallel at once, within leaveTimeout in all; what is not released by then expires
 	// with its TTL. One line says how many failed, not one per bucket.
 	ctx, cancel := context.WithTimeout(context.Background(), leaveTimeout)

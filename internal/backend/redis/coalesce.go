@@ -40,6 +40,7 @@ type coalescer struct {
 	queue   []*pending
 	idle    int  // senders waiting on cond
 	leading bool // a caller leads (see submit)
+	noLead  bool // no caller leads: every call goes to the senders
 	closed  bool
 	wg      sync.WaitGroup // the senders and the leader
 
@@ -125,7 +126,7 @@ func (c *coalescer) submit(p *pending, deadline time.Time) bool {
 		return false
 	}
 	p.deadline = deadline
-	if len(c.queue) == 0 && !c.leading && len(p.calls) > 0 && !p.calls[0].multi && time.Until(deadline) >= minLead {
+	if !c.noLead && len(c.queue) == 0 && !c.leading && len(p.calls) > 0 && !p.calls[0].multi && time.Until(deadline) >= minLead {
 		c.leading = true
 		c.wg.Add(1)
 		c.mu.Unlock()

@@ -371,7 +371,7 @@ func (l *leases) granted(k int, r *backend.Request, n int64, d *backend.Decision
 	defer s.mu.Unlock()
 	s.taking = false
 	if !charged {
-		if s.key == r.Key {
+		if s.key == r.Key && s.lim == r.Limit {
 			s.remaining, s.windowEnd, s.known = d.Remaining, sent+int64(d.ResetAfter), true
 		}
 		return
@@ -519,7 +519,9 @@ func (l *leases) endExpired(all bool) {
 	}
 }
 
-// giveBack sends the queued refunds to Redis, in one decision.
+// giveBack sends the queued refunds to Redis: one decision per master, all at once, so that a
+// master down or stalled drops (and delays) only the refunds of its own keys, not every other
+// master's too, as one decision over all of them would (it fails whole when a node fails).
 func (l *leases) giveBack() {
 	l.activeMu.Lock()
 	rs := l.ended
@@ -529,11 +531,41 @@ func (l *leases) giveBack() {
 	if len(rs) == 0 {
 		return
 	}
-	var n int64
-	for i := range rs {
-		n += rs[i].Cost
+	l.held.Add(-sumCost(rs))
+	groups := l.byMaster(rs)
+	var wg sync.WaitGroup
+	for _, g := range groups {
+		wg.Go(func() { l.refund(g) })
 	}
-	l.held.Add(-n)
+	wg.Wait()
+}
+
+// byMaster splits refunds by the master that owns their keys now (on a single node, or with no
+// slot map yet, one group). A key whose master the map has lost goes with the others of none.
+func (l *leases) byMaster(rs []backend.Request) [][]backend.Request {
+	b := l.b
+	t := b.topo.Load()
+	if !b.cluster || t == nil || len(rs) == 1 {
+		return [][]backend.Request{rs}
+	}
+	at := map[*node]int{}
+	var groups [][]backend.Request
+	for _, r := range rs {
+		n := t.owner[slot(storedKey(b.prefix, r.Key))]
+		i, ok := at[n]
+		if !ok {
+			i = len(groups)
+			at[n] = i
+			groups = append(groups, nil)
+		}
+		groups[i] = append(groups[i], r)
+	}
+	return groups
+}
+
+// refund gives back rs in one decision.
+func (l *leases) refund(rs []backend.Request) {
+	n := sumCost(rs)
 	ctx, cancel := context.WithTimeout(context.Background(), max(l.b.timeout, 100*time.Millisecond))
 	defer cancel()
 	out := make([]backend.Decision, len(rs))

@@ -296,3 +296,34 @@ func TestJobGrowsOverSlots(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseRefundsBesideAStalledMaster: on a Cluster, leases on keys of two masters end while
+// one master is stopped (SIGSTOP): the healthy master gets back exactly what its key's lease
+// held, and only the stopped master's refund is dropped.
+func TestLeaseRefundsBesideAStalledMaster(t *testing.T) {
+	c, b := startOwnCluster(t, Options{Timeout: 200 * time.Millisecond, HealthInterval: -1, LeaseLifetime: 10 * time.Second})
+	now := time.Now().UnixMicro()
+	b.scriptNow = func() int64 { return now }
+	byMaster := keysByMaster(t, c, b, "lr-", 1)
+	masters := c.Masters()
+	healthy, stalled := byMaster[masters[0]][0], byMaster[masters[1]][0]
+	l := limit.Limit{Rate: 1_000_000, Period: time.Second, Burst: 1_000_000}
+	admitted := holdLease(t, b, healthy, l, 1)
+	heldHealthy := b.leases.held.Load()
+	holdLease(t, b, stalled, l, heldHealthy+1)
+	heldStalled := b.leases.held.Load() - heldHealthy
+
+	c.Stop(masters[1])
+	defer c.Cont(masters[1])
+	b.leases.endExpired(true)
+	b.leases.giveBack()
+	if got := int64(b.leases.returned.Load()); got != heldHealthy {
+		t.Errorf("%d hits given back, want the healthy master's %d", got, heldHealthy)
+	}
+	if got := int64(b.leases.dropped.Load()); got != heldStalled {
+		t.Errorf("%d hits dropped, want the stalled master's %d", got, heldStalled)
+	}
+	if d := check(t, b, healthy, l); d.Remaining != l.Burst-admitted {
+		t.Fatalf("healthy master's key: %d remaining, want %d: its lease's %d hits not given back", d.Remaining, l.Burst-admitted, heldHealthy)
+	}
+}

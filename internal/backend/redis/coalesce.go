@@ -25,7 +25,7 @@ import (
 // goroutine that reads it, so its read is bounded by its own deadline instead (send's lead): its
 // pipeline carries only its own calls, and a read cut short breaks a connection that carried
 // nothing else. Running out of time then is the leader's own, as for an abandoned call: the
-// call may have been charged, and the node's breaker is not told (see sendCalls).
+// call may have been charged, and the node's breaker is not told (see node.sendPipeline).
 type coalescer struct {
 	// send runs calls as one pipeline, setting each call's reply or err. lead: a leader's, its
 	// socket reads and writes bounded by deadline too; it then reports whether it gave up at

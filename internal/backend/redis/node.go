@@ -303,13 +303,10 @@ func newEpoch() string {
 	return strconv.FormatInt(time.Now().Unix(), 10) + "-" + hex.EncodeToString(p[:])
 }
 
-// sendCalls runs calls in one pipeline and gives each its reply or error. On a single node,
-// consecutive calls go out as one merged script call; on a Cluster each call is its own script
-// call. It reports what Redis did to the node's breaker: it is the only place that learns
-// whether the node answers.
-func (n *node) sendCalls(calls []*call, deadline time.Time) { n.sendPipeline(calls, deadline, false) }
-
-// sendPipeline is sendCalls, and the coalescer's send. A leader's pipeline (lead) has its
+// sendPipeline runs calls in one pipeline and gives each its reply or error; it is the
+// coalescer's send. On a single node, consecutive calls go out as one merged script call; on a
+// Cluster each call is its own script call. It reports what Redis did to the node's breaker: it
+// is the only place that learns whether the node answers. A leader's pipeline (lead) has its
 // socket reads bounded by deadline too (see leadHook): one cut short there ran out of its
 // caller's budget, which says nothing about Redis, as for a call abandoned in flight; it
 // reports that (ranOut), with no call's reply to read, and tells the breaker nothing.
@@ -318,13 +315,12 @@ func (n *node) sendPipeline(calls []*call, deadline time.Time, lead bool) (ranOu
 		return false
 	}
 	b := n.b
-	var ctx context.Context
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
 	defer cancel()
 	if lead {
 		n.leadOnce.Do(n.startLead)
 		if n.leadOK {
-			ctx = leadCtx{ctx}
+			ctx = context.WithValue(ctx, leadKey{}, true)
 		}
 	}
 	var cmds []*goredis.Cmd
@@ -377,17 +373,8 @@ func (n *node) sendPipeline(calls []*call, deadline time.Time, lead bool) (ranOu
 	return false
 }
 
-// leadKey marks a leader's pipeline in its context: leadCtx.
+// leadKey marks a leader's pipeline in its context (see leadHook).
 type leadKey struct{}
-
-type leadCtx struct{ context.Context }
-
-func (c leadCtx) Value(k any) any {
-	if k == (leadKey{}) {
-		return true
-	}
-	return c.Context.Value(k)
-}
 
 // startLead adds a leadHook to the node's client, at its first leader's pipeline. Every node's
 // client is a *goredis.Client (newClient, newNodeClient); were it not, leaders' reads would be
@@ -403,7 +390,7 @@ func (n *node) startLead() {
 	n.leadOK = true
 }
 
-// leadHook runs the commands of a leader's pipeline (marked by leadCtx) on c: the node's client
+// leadHook runs the commands of a leader's pipeline (marked by leadKey) on c: the node's client
 // on its own connections, with its context's deadline bounding socket reads and writes too, as
 // the probe's client does. The connection of a read cut short is closed, so only a pipeline that
 // carries nothing but its caller's calls may go that way. go-redis hooks do not follow a client

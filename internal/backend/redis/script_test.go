@@ -162,7 +162,7 @@ func TestScriptMatchesGo(t *testing.T) {
 		}
 		c := &j.calls[0]
 		c.multi = true // also check the check-only values and the change written, for undo
-		b.single.sendCalls(j.callPtrs(), time.Now().Add(5*time.Second))
+		b.single.sendPipeline(j.callPtrs(), time.Now().Add(5*time.Second), false)
 		if c.err != nil {
 			t.Fatalf("%s: %v", desc, c.err)
 		}
@@ -483,7 +483,7 @@ func TestMergedBatchesMatchMemory(t *testing.T) {
 			calls = append(calls, c.j.callPtrs()...)
 			batches = append(batches, c)
 		}
-		b.single.sendCalls(calls, time.Now().Add(5*time.Second))
+		b.single.sendPipeline(calls, time.Now().Add(5*time.Second), false)
 		for n, c := range batches {
 			want := make([]backend.Decision, len(c.reqs))
 			wantOK, _ := m.Decide(ctx, c.reqs, want)

@@ -37,6 +37,13 @@ const (
 	// the change is (hits, the end of their window) or, under sliding_log, (hits, their instant)
 	// and the entries to give back. The reply is the empty string.
 	opUndo = "u"
+	// opGiveBack gives back what leases did not use: per key a give-back record, whose hits go
+	// back only while the lease is valid (Redis's now before its expiry) and only as many as
+	// are still ahead of now in the part of the key's state the lease charged (see
+	// leases.giveBack). A GCRA state is given back in the terms it was written in, never
+	// re-expressed under the lease's limit nor capped at its burst. The reply is per key a
+	// given record.
+	opGiveBack = "g"
 )
 
 // ARGV positions (1-based, as Lua numbers them). Every operation begins with argOp and argNow;
@@ -58,6 +65,9 @@ const (
 	// undo: per key an undo record, each followed by its entries.
 	argUndo  = 3
 	undoArgc = 3
+	// give back: per key a give-back record.
+	argGiveBack  = 3
+	giveBackArgc = 3
 )
 
 // Flags (keyFlags, undoFlags): one layout for every operation. Refund and mode matter to a
@@ -101,8 +111,16 @@ const (
 	keyWords
 )
 
-// Decision record: the reply per key, after one charged record (1: the batch's charges were
-// written, 0: not).
+// Charged record: what a decide reply begins with, per batch: whether the batch's charges were
+// written (1) or not (0), and the instant the script decided at (µs, Redis's TIME unless the
+// call fixed it), from which a lease's give-back is dated.
+const (
+	chargedCharged = iota
+	chargedNow
+	chargedWords
+)
+
+// Decision record: the reply per key, after the charged record.
 const (
 	decAllowed = iota
 	decRemaining
@@ -141,6 +159,28 @@ const (
 	undoFlags // see requestFlags
 	undoEntries
 	undoWords
+)
+
+// Give-back record: one key of a give-back call. Hits are what the lease did not use; heldUntil
+// (µs, Redis time) is where the lease's charge ended: under GCRA the key's TAT right after it,
+// under fixed_window its window's end; expires (µs, Redis time) is the instant from which the
+// give-back is late and gives nothing. Rate, period and flags are the lease's limit's.
+const (
+	giveBackHits = iota
+	giveBackHeldUntil
+	giveBackExpires
+	giveBackRate
+	giveBackPeriod
+	giveBackFlags
+	giveBackWords
+)
+
+// Given record: the reply per key of a give-back call: the hits given back, and whether the
+// give-back came late (1: after its expiry, nothing given).
+const (
+	givenHits = iota
+	givenLate
+	givenWords
 )
 
 // Stored states: GCRA's (a TAT of tat + frac/rate µs, written under rate and period), a fixed or
@@ -194,6 +234,9 @@ var (
 	decisionFields = [decisionWords]string{decAllowed: "allowed", decRemaining: "remaining", decRetry: "retry_us", decReset: "reset_us"}
 	multiFields    = [multiWords]string{multiCheckRemaining: "check_remaining", multiCheckReset: "check_reset_us", multiDeltaUS: "delta_us", multiDeltaFrac: "delta_frac", multiEntries: "entries"}
 	entryFields    = [entryWords]string{entryInstant: "instant", entryHits: "hits"}
+	chargedFields  = [chargedWords]string{chargedCharged: "charged", chargedNow: "now"}
+	giveBackFields = [giveBackWords]string{giveBackHits: "hits", giveBackHeldUntil: "held_until", giveBackExpires: "expires", giveBackRate: "rate", giveBackPeriod: "period", giveBackFlags: "flags"}
+	givenFields    = [givenWords]string{givenHits: "given", givenLate: "late"}
 	undoFields     = [undoWords]string{undoRate: "rate", undoPeriod: "period", undoBurst: "burst", undoDeltaUS: "delta_us", undoDeltaFrac: "delta_frac", undoFlags: "flags", undoEntries: "entries"}
 	gcraFields     = [gcraWords]string{gcraTAT: "tat", gcraFrac: "frac", gcraRate: "rate", gcraPeriod: "period"}
 	windowFields   = [windowWords]string{windowAlg: "alg", windowEnd: "stop", windowCount: "count", windowPrev: "prev", windowRate: "rate", windowPeriod: "period"}
@@ -204,11 +247,13 @@ var (
 // records is every record of the contract.
 var records = []record{
 	{"KEY", keyFields[:]},
-	{"CHARGED", []string{"charged"}},
+	{"CHARGED", chargedFields[:]},
 	{"DECISION", decisionFields[:]},
 	{"MULTI", multiFields[:]},
 	{"ENTRY", entryFields[:]},
 	{"UNDO", undoFields[:]},
+	{"GIVEBACK", giveBackFields[:]},
+	{"GIVEN", givenFields[:]},
 	{"GCRA_STATE", gcraFields[:]},
 	{"WINDOW_STATE", windowFields[:]},
 	{"LOG_STATE", logFields[:]},
@@ -225,11 +270,12 @@ func luaConstants() string {
 	str("OP_DECIDE", opDecide)
 	str("OP_MERGED", opMerged)
 	str("OP_UNDO", opUndo)
+	str("OP_GIVEBACK", opGiveBack)
 	for _, a := range []struct {
 		name string
 		pos  int64
 	}{{"ARG_OP", argOp}, {"ARG_NOW", argNow}, {"ARG_THRESHOLD", argThreshold}, {"ARG_MULTI", argMulti},
-		{"ARG_VALUES", argValues}, {"ARG_MERGED", argMerged}, {"ARG_UNDO", argUndo}} {
+		{"ARG_VALUES", argValues}, {"ARG_MERGED", argMerged}, {"ARG_UNDO", argUndo}, {"ARG_GIVEBACK", argGiveBack}} {
 		num(a.name, a.pos)
 	}
 	num("FLAG_REFUND", flagRefund)
@@ -262,6 +308,7 @@ type call struct {
 
 	// Reply, filled by decodeDecide.
 	charged bool
+	now     int64              // µs: the instant the script decided at
 	dec     []backend.Decision // per key
 	check   []int64            // multi: per key remaining, reset µs
 	delta   []int64            // multi: per key µs, frac, m, then m sliding_log entries (instant, hits)
@@ -281,6 +328,7 @@ func (c *call) reset() {
 	c.threshold = 0
 	c.multi = false
 	c.charged = false
+	c.now = 0
 	c.dec = c.dec[:0]
 	c.check = c.check[:0]
 	c.delta = c.delta[:0]
@@ -315,7 +363,7 @@ func (c *call) add(key string, r *backend.Request, now int64) {
 
 // replyBytes is the length of c's reply; of a multi call's, the least (one without entries).
 func (c *call) replyBytes() int {
-	n := 1 + decisionWords*len(c.keys) // the charged record, then the decisions
+	n := chargedWords + decisionWords*len(c.keys) // the charged record, then the decisions
 	if c.multi {
 		n += multiWords * len(c.keys)
 	}
@@ -385,6 +433,43 @@ func undoArgs(sha string, now int64, keys []string, vals []byte) []any {
 	return append(args, argv[:]...)
 }
 
+// giveBackArgs returns the EVALSHA arguments of a give-back call; vals holds per key a
+// give-back record (see appendGiveBack).
+func giveBackArgs(sha string, now int64, keys []string, vals []byte) []any {
+	args := make([]any, 0, 6+len(keys))
+	args = append(args, "evalsha", sha, len(keys))
+	for _, k := range keys {
+		args = append(args, k)
+	}
+	argv := [giveBackArgc]any{argOp - 1: opGiveBack, argNow - 1: now, argGiveBack - 1: vals}
+	return append(args, argv[:]...)
+}
+
+// appendGiveBack appends g's give-back record to vals.
+func appendGiveBack(vals []byte, g *leftover) []byte {
+	var v [giveBackWords]int64
+	v[giveBackHits], v[giveBackHeldUntil], v[giveBackExpires] = g.hits, g.heldUntil, g.expires
+	v[giveBackRate], v[giveBackPeriod] = g.lim.Rate, int64(g.lim.Period/time.Microsecond)
+	v[giveBackFlags] = requestFlags(&backend.Request{Limit: g.lim})
+	return appendDoubles(vals, v[:]...)
+}
+
+// decodeGiven reads a give-back reply of n keys: per key the hits given back and whether the
+// give-back came late.
+func decodeGiven(reply string, n int) (given []int64, late []bool, err error) {
+	if len(reply) != 8*givenWords*n {
+		return nil, nil, fmt.Errorf("script reply: %d bytes for %d given records", len(reply), n)
+	}
+	r := doubles(reply)
+	given, late = make([]int64, n), make([]bool, n)
+	for i := range n {
+		var v [givenWords]int64
+		r.record(v[:])
+		given[i], late[i] = v[givenHits], v[givenLate] == 1
+	}
+	return given, late, nil
+}
+
 // appendUndo appends to vals the undo record of key n of the multi call c, whose request is r,
 // and its entries, and reports whether there is anything to undo.
 func (c *call) appendUndo(vals []byte, n int, r *backend.Request) ([]byte, bool) {
@@ -406,7 +491,9 @@ func decodeDecide(reply string, c *call) error {
 		return fmt.Errorf("script reply: %d bytes for %d keys, want %d", len(reply), len(c.keys), c.replyBytes())
 	}
 	r := doubles(reply)
-	c.charged = r.next() == 1
+	var ch [chargedWords]int64
+	r.record(ch[:])
+	c.charged, c.now = ch[chargedCharged] == 1, ch[chargedNow]
 	c.dec = c.dec[:0]
 	for range c.keys {
 		var v [decisionWords]int64

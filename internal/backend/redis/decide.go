@@ -34,6 +34,12 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 
 // decide is Decide without leases (see lease.go).
 func (b *Backend) decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
+	return b.decideAt(ctx, reqs, out, nil)
+}
+
+// decideAt is decide that also reports, in at when it is not nil, the instant (µs, Redis's
+// clock) each request sent to Redis was decided at; a request decided without Redis keeps 0.
+func (b *Backend) decideAt(ctx context.Context, reqs []backend.Request, out []backend.Decision, at []int64) (bool, error) {
 
 	// The cache: a batch it knows to be denied is answered here.
 	var sent time.Time
@@ -69,6 +75,13 @@ func (b *Backend) decide(ctx context.Context, reqs []backend.Request, out []back
 
 	// The settle, and the undo of a batch refused across slots.
 	admitted, undo, err := j.settle(reqs, out)
+	if at != nil && err == nil {
+		for k := range j.calls {
+			for _, i := range j.idx[k] {
+				at[i] = j.calls[k].now
+			}
+		}
+	}
 	if undo {
 		if uerr := j.undo(ctx, b, reqs, nil); uerr != nil && err == nil {
 			err = uerr

@@ -797,6 +797,61 @@ local function undo()
   return ""
 end
 
+-- giveback runs an OP_GIVEBACK call: per key a GIVEBACK record, the hits a lease did not use.
+-- Nothing goes back once the lease has expired (late), nor more than the hits of the lease's
+-- charge still ahead of now: under GCRA the lease's hits are the last of its charge, which
+-- ended at held_until, so that only what is between now and held_until is still held (time
+-- restored the rest); under fixed_window, only while the key's window is the lease's (it ends
+-- at held_until). A GCRA state goes back in its own terms, whatever the limit it was written
+-- under: never re-expressed under the lease's limit nor capped at its burst, so that a replica
+-- whose rule differs (a rollout) takes back only its hits.
+local function giveback()
+  local args, pos = ARGV_[ARG_GIVEBACK], 1
+  local reply = {}
+  for i = 1, #KEYS_ do
+    local hits, held_until, expires, rate, period, flags
+    hits, held_until, expires, rate, period, flags, pos = unpack(GIVEBACK_FMT, args, pos)
+    local _, _, _, alg = split(flags)
+    local given, late = 0, 0
+    if now >= expires then
+      late = 1
+    elseif hits > 0 and held_until > now then
+      local key = KEYS_[i]
+      local s = load(key)
+      if alg == ALG_GCRA then
+        if s and not s.alg and s.rate > 0 and s.period > 0 and s.frac >= 0 and s.frac < s.rate and not fresh(s, now)
+          and held_until - now <= MAX_TOLERANCE then
+          -- The lease's hits still ahead of now, in its own limit's terms.
+          local Lr = limit(rate, period, 1, false)
+          local hus, hf = interval(hits, Lr)
+          local ahead = hits
+          if not less(hus, hf, held_until - now, 0) then
+            ahead = count(held_until - now, 0, Lr) -- fewer than hits: within count's span
+          end
+          if ahead > 0 then
+            local S = limit(s.rate, s.period, 1, false)
+            local cus, cf = interval(ahead, S)
+            local tus, tf = sub(s.tat, s.frac, cus, cf, s.rate)
+            if less(tus, tf, now, 0) then
+              tus, tf = now, 0
+            end
+            store(key, {tat = tus, frac = tf, rate = s.rate, period = s.period}, true, now)
+            given = ahead
+          end
+        end
+      elseif alg == ALG_FIXED_WINDOW then
+        if s and s.alg == ALG_FIXED_WINDOW and s.stop == held_until and s.period == period and s.count > 0 then
+          given = math.min(hits, s.count)
+          s.count = s.count - given
+          store(key, s, true, now)
+        end
+      end
+    end
+    reply[i] = pack(GIVEN_FMT, given, late)
+  end
+  return table.concat(reply)
+end
+
 -- states holds per key the state after the batches of this call charged so far, stored the
 -- state before them: only keys whose state changed are written, once, at the end.
 local states, stored
@@ -878,7 +933,7 @@ end
 -- emit_charged emits the CHARGED record that begins a batch's reply.
 local function emit_charged(charge)
   local charged = charge and 1 or 0
-  emit(pack(CHARGED_FMT, charged))
+  emit(pack(CHARGED_FMT, charged, now))
 end
 
 -- single decides a batch of one key, KEYS_[k0 + 1], as batch does, without its tables: most
@@ -1001,6 +1056,8 @@ local function run(keys, argv)
   local op = argv[ARG_OP]
   if op == OP_UNDO then
     return undo()
+  elseif op == OP_GIVEBACK then
+    return giveback()
   end
   states, stored, out, nout = {}, {}, {}, 0
   if #keys > 1 then

@@ -7,6 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/limit"
 )
@@ -51,7 +53,7 @@ type leases struct {
 
 	activeMu sync.Mutex
 	active   map[int]struct{} // slots holding a lease
-	ended    []backend.Request
+	ended    []leftover
 	queued   atomic.Int64 // len(ended), read without the lock on the decision path
 	wake     chan struct{}
 	stop     chan struct{}
@@ -61,6 +63,7 @@ type leases struct {
 	taken    atomic.Uint64 // leases charged in Redis
 	returned atomic.Uint64 // hits given back
 	dropped  atomic.Uint64 // unused hits not given back: a failed refund, a window already over
+	expired  atomic.Uint64 // unused hits not given back because time had restored them: a late give-back
 	held     atomic.Int64  // hits leased and not used or given back yet
 }
 
@@ -98,6 +101,18 @@ type leaseSlot struct {
 	until         int64
 	viewRemaining int64
 	resetAt       int64
+	// In Redis's clock (µs): where the lease's charge ended (GCRA: the key's TAT after it;
+	// fixed_window: its window's end) and when its give-back expires (see giveBack).
+	heldUntil, expires int64
+}
+
+// leftover is what a lease did not use, on its way back to Redis: hits of key under lim, valid
+// until expires (µs, Redis's clock) and, of them, only those still ahead of now in the lease's
+// charge, which ended at heldUntil (see decide.lua's giveback).
+type leftover struct {
+	key                      string
+	lim                      limit.Limit
+	hits, heldUntil, expires int64
 }
 
 // clear empties s but for its lock, held.
@@ -107,6 +122,7 @@ func (s *leaseSlot) clear() {
 	s.remaining, s.windowEnd, s.known = 0, 0, false
 	s.taking = false
 	s.leased, s.left, s.size, s.until, s.viewRemaining, s.resetAt = false, 0, 0, 0, 0, 0
+	s.heldUntil, s.expires = 0, 0
 }
 
 func newLeases(b *Backend, lifetime time.Duration) *leases {
@@ -128,13 +144,14 @@ func (l *leases) slotOf(key string) int {
 
 // leaseScratch is one Decide's working state with leases, pooled.
 type leaseScratch struct {
-	slot    []int   // per request: its slot, or -1 when it does not lease
-	local   []bool  // per request: its hits taken from a lease
-	extra   []int64 // per request: the lease it carries to Redis
-	sub     []backend.Request
-	subOut  []backend.Decision
-	subIdx  []int
-	refunds []backend.Request
+	slot   []int   // per request: its slot, or -1 when it does not lease
+	local  []bool  // per request: its hits taken from a lease
+	extra  []int64 // per request: the lease it carries to Redis
+	sub    []backend.Request
+	subOut []backend.Decision
+	subIdx []int
+	at     []int64    // per request sent to Redis: the instant Redis decided it at (µs)
+	from   [][2]int64 // per request taken from a lease: the lease's heldUntil and expires
 }
 
 var leaseScratches = sync.Pool{New: func() any { return new(leaseScratch) }}
@@ -143,6 +160,8 @@ func (s *leaseScratch) reset(n int) {
 	s.slot = resize(s.slot, n)
 	s.local = resize(s.local, n)
 	s.extra = resize(s.extra, n)
+	s.at = resize(s.at, n)
+	s.from = resize(s.from, n)
 	clear(s.local)
 	clear(s.extra)
 	s.sub, s.subOut, s.subIdx = s.sub[:0], s.subOut[:0], s.subIdx[:0]
@@ -188,6 +207,7 @@ func (l *leases) decide(ctx context.Context, reqs []backend.Request, out []backe
 			s.viewRemaining -= r.Cost
 			out[i] = backend.Decision{Allowed: true, Remaining: max(s.viewRemaining, 0), ResetAfter: l.resetOf(s, now)}
 			sc.local[i] = true
+			sc.from[i] = [2]int64{s.heldUntil, s.expires}
 			nLocal++
 		case !s.leased && !s.taking:
 			if n := l.size(s, r, now); n > 0 {
@@ -225,7 +245,8 @@ func (l *leases) decide(ctx context.Context, reqs []backend.Request, out []backe
 		sub, subOut = sc.sub, sc.subOut
 	}
 	sent := now
-	_, err := b.decide(ctx, sub, subOut)
+	at := resize(sc.at, len(sub))
+	_, err := b.decideAt(ctx, sub, subOut, at)
 	charged := err == nil && backend.Charged(sub, subOut)
 	if err == nil && !charged && nExtra > 0 && l.refusedByLease(sc, sub, subOut) {
 		// A lease that did not fit refused the batch, which might fit without it: once more,
@@ -239,7 +260,7 @@ func (l *leases) decide(ctx context.Context, reqs []backend.Request, out []backe
 		}
 		nExtra = 0
 		sent = b.mono()
-		_, err = b.decide(ctx, sub, subOut)
+		_, err = b.decideAt(ctx, sub, subOut, at)
 		charged = err == nil && backend.Charged(sub, subOut)
 	}
 	if err != nil || !charged {
@@ -257,7 +278,7 @@ func (l *leases) decide(ctx context.Context, reqs []backend.Request, out []backe
 	// What Redis said, and the leases it charged.
 	for n, i := range sc.subIdx {
 		if sc.extra[i] > 0 {
-			l.granted(sc.slot[i], &reqs[i], sc.extra[i], &out[i], charged && subOut[n].Allowed, sent)
+			l.granted(sc.slot[i], &reqs[i], sc.extra[i], &out[i], charged && subOut[n].Allowed, sent, at[n])
 		}
 	}
 	for i := range reqs {
@@ -364,8 +385,8 @@ func (l *leases) learn(k int, r *backend.Request, d backend.Decision, sent int64
 
 // granted ends the taking of a lease of n hits that r carried: charged, it is the slot's lease
 // now, and d, the decision of r with the lease, becomes r's own (the lease's hits are this
-// replica's still).
-func (l *leases) granted(k int, r *backend.Request, n int64, d *backend.Decision, charged bool, sent int64) {
+// replica's still). at is the instant Redis decided r at (µs, its clock).
+func (l *leases) granted(k int, r *backend.Request, n int64, d *backend.Decision, charged bool, sent, at int64) {
 	s := &l.slots[k]
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -376,10 +397,11 @@ func (l *leases) granted(k int, r *backend.Request, n int64, d *backend.Decision
 		}
 		return
 	}
+	heldUntil, expires := l.validity(r, d, at)
 	if s.key != r.Key || s.lim != r.Limit {
 		// Its key was reset meanwhile (forget): the lease goes back at once.
 		l.held.Add(n)
-		l.endHits(r, n)
+		l.endHits(r, n, heldUntil, expires)
 		return
 	}
 	s.remaining, s.windowEnd, s.known = d.Remaining, sent+int64(d.ResetAfter), true
@@ -391,11 +413,27 @@ func (l *leases) granted(k int, r *backend.Request, n int64, d *backend.Decision
 	}
 	s.viewRemaining = d.Remaining
 	s.resetAt = sent + int64(d.ResetAfter)
+	s.heldUntil, s.expires = heldUntil, expires
 	l.taken.Add(1)
 	l.held.Add(n)
 	l.activeMu.Lock()
 	l.active[k] = struct{}{}
 	l.activeMu.Unlock()
+}
+
+// validity returns where the charge of r's lease ended in Redis's clock (µs), from r's decision
+// d with the lease, which Redis made at at, and when its give-back expires: half a lifetime
+// after the lease stops admitting, time for the sweeper (every quarter lifetime) to send it.
+// A GCRA reset is rounded up to the µs: the charge ended at most 1 µs before at + reset, and
+// taking 1 µs less never counts a hit as held that is not. A fixed window's reset is exact: its
+// end, which the give-back must name exactly.
+func (l *leases) validity(r *backend.Request, d *backend.Decision, at int64) (heldUntil, expires int64) {
+	heldUntil = at + int64(d.ResetAfter/time.Microsecond)
+	if r.Limit.Algorithm != limit.FixedWindow {
+		heldUntil--
+	}
+	life := int64(l.lifetime / time.Microsecond)
+	return heldUntil, at + life + life/2
 }
 
 // untake ends the taking of a lease that was not charged.
@@ -438,7 +476,7 @@ func (l *leases) putBack(reqs []backend.Request, out []backend.Decision, sc *lea
 			s.viewRemaining += reqs[i].Cost
 		} else {
 			// The lease ended meanwhile, giving back what it had left: these hits too.
-			l.endHits(&reqs[i], reqs[i].Cost)
+			l.endHits(&reqs[i], reqs[i].Cost, sc.from[i][0], sc.from[i][1])
 		}
 		s.mu.Unlock()
 		out[i].Remaining += reqs[i].Cost
@@ -455,7 +493,7 @@ func (l *leases) end(k int, s *leaseSlot) {
 			l.dropped.Add(uint64(s.left))
 			l.held.Add(-s.left)
 		} else {
-			l.endHits(&r, s.left)
+			l.endHits(&r, s.left, s.heldUntil, s.expires)
 		}
 	}
 	s.leased, s.left, s.size = false, 0, 0
@@ -464,10 +502,11 @@ func (l *leases) end(k int, s *leaseSlot) {
 	l.activeMu.Unlock()
 }
 
-// endHits queues n hits of r's key to be given back.
-func (l *leases) endHits(r *backend.Request, n int64) {
+// endHits queues n hits of r's key to be given back, from a lease whose charge ended at
+// heldUntil and whose give-back expires at expires (see giveBack).
+func (l *leases) endHits(r *backend.Request, n, heldUntil, expires int64) {
 	l.activeMu.Lock()
-	l.ended = append(l.ended, backend.Request{Key: r.Key, Limit: r.Limit, Cost: n, Refund: true})
+	l.ended = append(l.ended, leftover{key: r.Key, lim: r.Limit, hits: n, heldUntil: heldUntil, expires: expires})
 	l.queued.Store(int64(len(l.ended)))
 	l.activeMu.Unlock()
 }
@@ -519,9 +558,15 @@ func (l *leases) endExpired(all bool) {
 	}
 }
 
-// giveBack sends the queued refunds to Redis: one decision per master, all at once, so that a
-// master down or stalled drops (and delays) only the refunds of its own keys, not every other
-// master's too, as one decision over all of them would (it fails whole when a node fails).
+// giveBack sends what ended leases did not use back to Redis: one round trip per master, all
+// at once, so that a master down or stalled drops (and delays) only its own keys' hits.
+//
+// A give-back cannot over-admit. It is valid only while its lease is: it carries the lease's
+// expiry in Redis's clock, and one that reaches Redis later (this process paused, throttled or
+// starved) gives nothing. It gives back only the lease's hits still ahead of Redis's now in
+// the charge that took them (what time has not restored yet), and under GCRA in the terms the
+// key's state holds, whatever the limit: a replica whose rule differs from another's during a
+// rollout takes back its own hits and never re-expresses the key under its limit.
 func (l *leases) giveBack() {
 	l.activeMu.Lock()
 	rs := l.ended
@@ -531,50 +576,109 @@ func (l *leases) giveBack() {
 	if len(rs) == 0 {
 		return
 	}
-	l.held.Add(-sumCost(rs))
-	groups := l.byMaster(rs)
+	l.held.Add(-sumHits(rs))
 	var wg sync.WaitGroup
-	for _, g := range groups {
-		wg.Go(func() { l.refund(g) })
+	for n, g := range l.byMaster(rs) {
+		wg.Go(func() { l.send(n, g) })
 	}
 	wg.Wait()
 }
 
-// byMaster splits refunds by the master that owns their keys now (on a single node, or with no
-// slot map yet, one group). A key whose master the map has lost goes with the others of none.
-func (l *leases) byMaster(rs []backend.Request) [][]backend.Request {
-	b := l.b
-	t := b.topo.Load()
-	if !b.cluster || t == nil || len(rs) == 1 {
-		return [][]backend.Request{rs}
+func sumHits(rs []leftover) int64 {
+	var n int64
+	for i := range rs {
+		n += rs[i].hits
 	}
-	at := map[*node]int{}
-	var groups [][]backend.Request
+	return n
+}
+
+// byMaster splits rs by the master that owns their keys now: nil for those whose master is
+// not known (no slot map, or a slot it has lost).
+func (l *leases) byMaster(rs []leftover) map[*node][]leftover {
+	b := l.b
+	if !b.cluster {
+		return map[*node][]leftover{b.single: rs}
+	}
+	t := b.topo.Load()
+	groups := map[*node][]leftover{}
 	for _, r := range rs {
-		n := t.owner[slot(storedKey(b.prefix, r.Key))]
-		i, ok := at[n]
-		if !ok {
-			i = len(groups)
-			at[n] = i
-			groups = append(groups, nil)
+		var n *node
+		if t != nil {
+			n = t.owner[slot(storedKey(b.prefix, r.key))]
 		}
-		groups[i] = append(groups[i], r)
+		groups[n] = append(groups[n], r)
 	}
 	return groups
 }
 
-// refund gives back rs in one decision.
-func (l *leases) refund(rs []backend.Request) {
-	n := sumCost(rs)
-	ctx, cancel := context.WithTimeout(context.Background(), max(l.b.timeout, 100*time.Millisecond))
-	defer cancel()
-	out := make([]backend.Decision, len(rs))
-	if _, err := l.b.decide(ctx, rs, out); err != nil {
-		l.dropped.Add(uint64(n))
-		l.b.log.Debug("redis: unused lease hits not given back", "hits", n, "err", err)
+// send gives back rs, whose keys n owns, in one round trip: one script call per Cluster slot.
+func (l *leases) send(n *node, rs []leftover) {
+	b := l.b
+	if n == nil || !n.br.allow() {
+		hits := sumHits(rs)
+		l.dropped.Add(uint64(hits))
+		b.log.Debug("redis: unused lease hits not given back: their master is down or unknown", "hits", hits)
 		return
 	}
-	l.returned.Add(uint64(n))
+	type part struct {
+		keys []string
+		vals []byte
+		idx  []int
+	}
+	var parts []part
+	bySlot := map[int]int{}
+	for i := range rs {
+		key := storedKey(b.prefix, rs[i].key)
+		s := 0
+		if b.cluster {
+			s = slot(key)
+		}
+		p, ok := bySlot[s]
+		if !ok {
+			p = len(parts)
+			bySlot[s] = p
+			parts = append(parts, part{})
+		}
+		parts[p].keys = append(parts[p].keys, key)
+		parts[p].vals = appendGiveBack(parts[p].vals, &rs[i])
+		parts[p].idx = append(parts[p].idx, i)
+	}
+	cmds := make([]*goredis.Cmd, len(parts))
+	for p := range parts {
+		cmds[p] = newScriptCmd(giveBackArgs(script.Hash(), b.nowArg(), parts[p].keys, parts[p].vals))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), max(b.timeout, 100*time.Millisecond))
+	defer cancel()
+	n.observe(n.exec(ctx, cmds, nil), cmds)
+	var returned, expired, dropped, late int64
+	for p, c := range cmds {
+		reply, err := c.Text()
+		var given []int64
+		var wasLate []bool
+		if err == nil {
+			given, wasLate, err = decodeGiven(reply, len(parts[p].keys))
+		}
+		if err != nil {
+			for _, i := range parts[p].idx {
+				dropped += rs[i].hits
+			}
+			b.log.Debug("redis: unused lease hits not given back", "keys", len(parts[p].keys), "err", err)
+			continue
+		}
+		for j, i := range parts[p].idx {
+			returned += given[j]
+			expired += rs[i].hits - given[j]
+			if wasLate[j] {
+				late += rs[i].hits
+			}
+		}
+	}
+	l.returned.Add(uint64(returned))
+	l.expired.Add(uint64(expired))
+	l.dropped.Add(uint64(dropped))
+	if late > 0 {
+		b.log.Debug("redis: unused lease hits reached Redis after their leases expired and were not given back", "hits", late)
+	}
 }
 
 // release ends every lease; the sweeper gives back what they did not use (a rule reload:

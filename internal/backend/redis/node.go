@@ -51,6 +51,13 @@ type node struct {
 	epochKey   string
 	epochValue string
 	epochSet   atomic.Bool // an epoch is known (for tests)
+	// Redis's INFO, read by the health check only (see memory.go): the reading before the epoch
+	// was last seen as known (epochInfo), and the latest (lastInfo).
+	epochInfo   infoSnap
+	lastInfo    infoSnap
+	infoRefused atomic.Bool
+	evicted     atomic.Uint64 // keys Redis evicted while rls read its INFO
+	oom         atomic.Uint64 // script calls Redis refused for want of memory
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -242,7 +249,10 @@ func (n *node) healthLoop(interval time.Duration) {
 // checkEpoch reads the node's epoch, and keeps one there when it has none: a random value,
 // without expiry, set only if absent. An epoch that was known and is now missing or different
 // (another replica of rls found it missing first) says the node lost its data: every key it
-// held starts over, with a fresh burst. That is logged and counted once per loss.
+// held starts over, with a fresh burst. That is logged and counted once per loss, unless
+// Redis's INFO says the key was evicted (see memory.go). INFO is read before the epoch, and
+// again after it when the epoch is found gone, so that whatever removed it falls between the
+// two readings compared.
 func (n *node) checkEpoch() {
 	b := n.b
 	key := b.epochKeyOf(n)
@@ -255,6 +265,18 @@ func (n *node) checkEpoch() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), b.probeTO)
 	defer cancel()
+	before := n.watchInfo(ctx)
+	gone := func() {
+		if n.epochValue == "" {
+			return
+		}
+		why, evicted := epochVerdict(n.epochInfo, n.watchInfo(ctx))
+		if evicted {
+			n.epochEvicted(n.lastInfo.policy)
+			return
+		}
+		n.lostData(why)
+	}
 	v, err := n.probe.Get(ctx, key).Result()
 	switch {
 	case errors.Is(err, goredis.Nil):
@@ -269,19 +291,22 @@ func (n *node) checkEpoch() {
 			}
 			fresh = v
 		}
-		if n.epochValue != "" {
-			n.lostData("its epoch key is gone")
-		}
+		gone()
 		n.epochValue = fresh
+		n.epochInfo = n.lastInfo
 		n.epochSet.Store(true)
 	case err != nil:
 		// Unavailable, or not the owner of the key's slot any more (MOVED): another round.
 	case n.epochValue == "":
 		n.epochValue = v
+		n.epochInfo = before
 		n.epochSet.Store(true)
 	case v != n.epochValue:
-		n.lostData("its epoch key changed: another replica of rls found it gone")
+		gone()
 		n.epochValue = v
+		n.epochInfo = n.lastInfo
+	case before.ok:
+		n.epochInfo = before
 	}
 }
 
@@ -554,6 +579,13 @@ func (n *node) observe(err error, cmds []*goredis.Cmd) {
 			case goredis.HasErrorPrefix(cerr, "CLUSTERDOWN"):
 				n.b.requestReload(reasonClusterDown)
 			}
+		}
+		if oomReply(cerr) {
+			// Redis is full and refuses writes: the node answered, it is not down. Its
+			// decisions get the failure mode; opening the breaker would only fail them
+			// without asking, after memory is freed too, and report Redis down when it is not.
+			n.outOfMemory()
+			continue
 		}
 		// CLUSTERDOWN is the Cluster's state, not this node failing: the node answered.
 		if unavailableReply(cerr) && !goredis.HasErrorPrefix(cerr, "CLUSTERDOWN") {

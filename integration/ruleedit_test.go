@@ -34,9 +34,9 @@ const (
 // whatever their place in the rate_limits list. With rate_limits [10/s burst 10, 20/day]:
 //   - the daily 20 spent, a reload that removes the per-second limit admits nothing more on
 //     the spent daily quota;
-//   - 15 of the daily 20 spent, a reload that swaps the two leaves the per-second limit
-//     admitting at 5/s: of 20 requests at 5/s, the 5 the day has left are admitted, and every
-//     denial is the day's, none the per-second limit's.
+//   - 15 of the daily 20 spent and the per-second limit full again, a reload that swaps the
+//     two leaves the per-second limit admitting at 5/s: of 20 requests at 5/s, the 5 the day
+//     has left are admitted, and every denial is the day's, none the per-second limit's.
 //
 // Through the real binary, its rules reloaded by SIGHUP, on the memory backend and on Redis.
 func TestRuleEditKeepsState(t *testing.T) {
@@ -62,7 +62,7 @@ func TestRuleEditKeepsState(t *testing.T) {
 				write(ruleEditRules(domain, 0, perSecond, perDay))
 				args := []string{"--config", dir, "--reload-debounce", "50ms"}
 				if backend == "redis" {
-					args = append(args, "--backend", "redis", "--redis-url", url, "--redis-key-prefix", domain+":")
+					args = append(args, "--backend", "redis", "--redis-url", url, "--redis-key-prefix", domain+":", "--redis-timeout", "5s")
 				}
 				p := startRLS(t, nil, args...)
 				client := p.client(t)
@@ -136,6 +136,7 @@ func TestRuleEditKeepsState(t *testing.T) {
 					}
 				case "swap":
 					spend(15)
+					time.Sleep(1100 * time.Millisecond) // the per-second limit full again
 					reload(ruleEditRules(domain, 1, perDay, perSecond))
 					admitted, bySecond := 0, 0
 					tick := time.NewTicker(200 * time.Millisecond) // 5/s, half the per-second rate

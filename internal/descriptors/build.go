@@ -322,6 +322,10 @@ func (b *builder) rule(d *rawDescriptor, path string, share []string, info *Doma
 	if slices.ContainsFunc(share, func(s string) bool { return s != "" }) {
 		r.Share = share
 	}
+	var tags map[string]int // a list's key tags so far → the index of the limit with it
+	if d.limits != nil && len(limitNodes) > 1 {
+		tags = make(map[string]int, len(limitNodes))
+	}
 	for i, item := range limitNodes {
 		where := fmt.Sprintf("descriptor %s", path)
 		if len(limitNodes) > 1 {
@@ -354,9 +358,29 @@ func (b *builder) rule(d *rawDescriptor, path string, share []string, info *Doma
 			r.Unlimited = true
 			continue
 		}
-		if lim, ok := b.limitOf(rl, where); ok {
-			r.Limits = append(r.Limits, lim)
+		lim, ok := b.limitOf(rl, where)
+		if !ok {
+			continue
 		}
+		lim.KeyTag = singularTag
+		if d.limits != nil {
+			lim.KeyTag = listTag(&lim)
+		}
+		if j, dup := tags[lim.KeyTag]; dup {
+			// Two limits with one key would read and write one state.
+			if lim.Name != "" {
+				b.errorf(lineOf(ln, "name"), "descriptor %s: rate_limits[%d] and rate_limits[%d] are both named %q: give each its own name so their state stays apart",
+					path, j, i, lim.Name)
+			} else {
+				b.errorf(ln.Line, "descriptor %s: rate_limits: two limits %s (rate_limits[%d] and rate_limits[%d]): give each a name so their state stays apart",
+					path, what(&lim), j, i)
+			}
+			continue
+		}
+		if tags != nil {
+			tags[lim.KeyTag] = i
+		}
+		r.Limits = append(r.Limits, lim)
 	}
 	info.Rules = append(info.Rules, r)
 	return r

@@ -19,6 +19,16 @@ type Limit struct {
 	Burst           uint32
 	Replaces        []string
 	Timezone        string // fixed_window's timezone as the rule file names it, "" for UTC
+	// KeyTag names the limit's state among its rule's limits: the backend key of a descriptor
+	// is its domain and entries, '#', then KeyTag. It is "0" for a rule's singular rate_limit
+	// (whatever its name: the key envoyproxy/ratelimit's format has always had), and for a
+	// limit of a rate_limits list "n<len>:<name>" when it is named, else "p<seconds>s/<algorithm>"
+	// with, for a fixed_window aligned otherwise than Period-long windows from the epoch, what
+	// aligns it ("+<offset>s" or "/<calendar unit>@<zone>"). Never its rate or burst, nor its
+	// place in the list: an edit that changes a limit's rate keeps its state (re-expressed), and
+	// one that adds, removes or reorders a rule's limits moves no state from one to another.
+	// Computed once at load; "" for a limit not loaded from a rule (an override's).
+	KeyTag string
 	// Spec is the limit as it is decided, whatever its algorithm (Spec.Algorithm); Spec.Overdraft
 	// is the rule's overdraft: true.
 	Spec limit.Limit

@@ -320,7 +320,7 @@ func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest
 			if ds.override {
 				w.appendOverrideKey(domain, d.Entries, d.GetLimit())
 			} else {
-				w.appendKey(domain, d.Entries, share, j)
+				w.appendKey(domain, d.Entries, share, l.KeyTag)
 			}
 			w.items = append(w.items, item{
 				desc: i, limit: l, fail: fail, replaced: replaced, keyEnd: len(w.keys),
@@ -339,9 +339,11 @@ func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest
 }
 
 // appendKey appends the backend key of one limit of a descriptor: the domain, every entry's key
-// and value (or, under share_threshold, the wildcard pattern) and the limit's index, each
-// length-prefixed so that no two descriptors can encode alike ("a_b"+"c" vs "a"+"b_c").
-func (w *work) appendKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, share []string, limit int) {
+// and value (or, under share_threshold, the wildcard pattern), each length-prefixed so that no
+// two descriptors can encode alike ("a_b"+"c" vs "a"+"b_c"), then '#' and the limit's tag
+// (descriptors.Limit.KeyTag, computed at load): "0" for a rule's singular rate_limit, the name
+// or the period and algorithm of a limit of a rate_limits list, never its place in the list.
+func (w *work) appendKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, share []string, tag string) {
 	w.keys = appendField(w.keys, domain)
 	for i, e := range entries {
 		w.keys = appendField(w.keys, e.GetKey())
@@ -353,12 +355,12 @@ func (w *work) appendKey(domain string, entries []*ratelimitv3.RateLimitDescript
 		}
 	}
 	w.keys = append(w.keys, '#')
-	w.keys = strconv.AppendInt(w.keys, int64(limit), 10)
+	w.keys = append(w.keys, tag...)
 }
 
 // appendOverrideKey appends the backend key of a descriptor's override: the domain and entries
 // as appendKey encodes them, then "#o" and the override's rate and period. No rule's key ends
-// so ('#' and a limit's index), so an override never reads or writes a rule's state, and two
+// so (no limit's tag begins with 'o'), so an override never reads or writes a rule's state, and two
 // overrides of the same entries share state only when they ask for the same limit: a request
 // can neither reset a rule's window with an override nor re-express another override's state.
 func (w *work) appendOverrideKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) {

@@ -17,5 +17,5 @@ func boundsFlags(fs *flag.FlagSet, b *server.BoundsConfig) {
 	fs.DurationVar(&b.OverrideMaxPeriod, "override-max-period", b.OverrideMaxPeriod,
 		"longest period (unit × multiplier) an override may ask for; longer ones are answered INVALID_ARGUMENT (0: any)")
 	fs.Int64Var(&b.MaxCalls, "grpc-max-calls", b.MaxCalls,
-		"ShouldRateLimit calls open at once over all gRPC connections (each may hold up to --max-request-bytes while its message arrives); one more is refused UNAVAILABLE as it opens and counted in rls_grpc_calls_refused_total (0, the default: no bound; the Kubernetes manifest sets 1024)")
+		"ShouldRateLimit calls open at once over all gRPC connections, each counted from its headers (it may hold up to --max-request-bytes while its message arrives); at the bound a new call takes the place of a call still waiting for its message after a second, which is cancelled (counted in rls_grpc_slow_calls_total, reason evicted), or else is refused UNAVAILABLE and counted in rls_grpc_calls_refused_total (0: no bound)")
 }

@@ -161,11 +161,13 @@ func (s *Server) buildGRPC(context.Context) (err error) {
 	grpcMetrics := grpcprom.NewServerMetrics(grpcprom.WithServerHandlingTimeHistogram(
 		grpcprom.WithHistogramBuckets([]float64{.0001, .00025, .0005, .001, .0025, .005, .01, .02, .05, .1, .5})))
 	s.reg.MustRegister(grpcMetrics)
-	calls, err := newCallLimit(c.Bounds.MaxCalls, s.reg)
+	gate, err := newCallGate(c.GRPC.MessageTimeout, c.Bounds.MaxCalls, s.reg, s.warn)
 	if err != nil {
 		return err
 	}
-	s.grpc, err = newGRPCServer(c, s.log, []grpc.UnaryServerInterceptor{grpcMetrics.UnaryServerInterceptor()}, append(s.tracing.serverOptions(), calls...)...)
+	// The gate's interceptor first: it marks the call's message arrived.
+	s.grpc, err = newGRPCServer(c, s.log, []grpc.UnaryServerInterceptor{gate.interceptor, grpcMetrics.UnaryServerInterceptor()},
+		append(s.tracing.serverOptions(), gate.options()...)...)
 	if err != nil {
 		return err
 	}
@@ -180,6 +182,7 @@ func (s *Server) buildGRPC(context.Context) (err error) {
 		reflection.Register(s.grpc)
 	}
 	grpcMetrics.InitializeMetrics(s.grpc)
+	gate.serve(s.grpc)
 	s.ready = newReadiness(hs, s.failure, s.log)
 	// Without rules yet every answer is UNAVAILABLE: not ready. --ready-with-rules asks for
 	// rules even when rls answers without them.
@@ -214,7 +217,7 @@ func (s *Server) listen(ctx context.Context) (err error) {
 	if s.grpcL, err = lc.Listen(ctx, "tcp", c.GRPC.Addr); err != nil {
 		return fmt.Errorf("--grpc-addr: %w", err)
 	}
-	s.grpcL = limitConns(s.grpcL, c.GRPC.MaxConnections, s.reg, s.warn)
+	s.grpcL = limitConns(s.grpcL, connLimits{max: c.GRPC.MaxConnections, perSource: c.GRPC.MaxConnsPerSource}, s.reg, s.warn)
 	if s.httpL, err = lc.Listen(ctx, "tcp", c.HTTP.Addr); err != nil {
 		return fmt.Errorf("--http-addr: %w", err)
 	}

@@ -2,98 +2,319 @@ package server
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
+
+	"github.com/rls-project/rls/internal/logthrottle"
 )
 
-// defaultGRPCMaxCalls is the default of --grpc-max-calls: no bound. Counting calls takes a
-// stats handler, whose work on every call kept an ordinary caller beside a flood of callers
-// with 1 ms deadlines past its own deadline now and then on 2 CPUs, so it is asked for where
-// the memory budget needs it (the Kubernetes manifest: 1024).
-const defaultGRPCMaxCalls = 0
+// defaultGRPCMaxCalls is the default of --grpc-max-calls: 1024 calls whose messages are
+// arriving hold at most 1024 × --max-request-bytes (64 MiB by default). Counting them is a tap
+// and a lock as each call opens, where it was once a stats handler's work on every event of
+// every call.
+const defaultGRPCMaxCalls = 1024
 
-// callLimit bounds the ShouldRateLimit calls open at once in the whole process, over every
-// connection. gRPC reads a call's message whole before any handler or interceptor runs, up to
-// --max-request-bytes, so without it the memory of messages being received would be bounded
-// only by connections × streams per connection × message size. A call past the bound is
-// refused as it opens, before its message is read: UNAVAILABLE, which Envoy answers with its
-// failure_mode_deny, counted in rls_grpc_calls_refused_total.
-type callLimit struct {
-	max     int64
-	open    atomic.Int64
+// defaultGRPCMessageTimeout is the default of --grpc-message-timeout: Envoy sends a request's
+// few hundred bytes with its headers, so a second is already generous; five leave room for a
+// congested link.
+const defaultGRPCMessageTimeout = 5 * time.Second
+
+// evictAfter is how long a call must have been waiting for its message before a new call may
+// take its place at --grpc-max-calls. An ordinary caller's message follows its headers within
+// a round trip; a call still without its message after a second is a slow sender's.
+const evictAfter = time.Second
+
+// callGate watches every unary call from its headers until it ends. gRPC reads a call's message
+// whole before any handler or interceptor runs, and nothing in gRPC bounds how long that may
+// take, so a client that sends headers and part of a message holds the call, its goroutine and
+// what it sent for as long as it likes. The gate:
+//
+//   - cancels a call whose whole message has not arrived --grpc-message-timeout after its
+//     headers (rls_grpc_slow_calls_total{reason="message_timeout"});
+//   - with --grpc-max-calls, counts a ShouldRateLimit call open from its headers (the tap, on the
+//     connection's reader, before gRPC starts the call) to its end, so the bound is never
+//     passed. At the bound a new call takes the place of the oldest call still waiting for its
+//     message after evictAfter, which is cancelled (reason="evicted"); with none, the new call
+//     is refused UNAVAILABLE (rls_grpc_calls_refused_total), which Envoy answers with its
+//     failure_mode_deny. Slow senders therefore cannot hold every place while ordinary callers,
+//     whose messages arrive with their headers, are refused.
+//
+// A call counts as arrived when the first unary interceptor runs, once gRPC has read and
+// decoded its message.
+type callGate struct {
+	timeout time.Duration // 0: no deadline for messages
+	max     int64         // 0: no bound on calls
+	warn    *logthrottle.Throttle
+
+	// unary are the full names of the unary methods served: the gate watches their calls only
+	// (a stream's messages come when its client has something to say). Set once every service
+	// is registered, before serving.
+	unary map[string]bool
+
+	mu       sync.Mutex
+	open     int64 // calls holding a place, at most max
+	arriving calls // counted calls still waiting for their message, oldest first
+
 	refused prometheus.Counter
+	slow    *prometheus.CounterVec
 }
 
-// newCallLimit returns the bound as a server option, its metrics registered on reg; no option
-// when max is 0.
-func newCallLimit(max int64, reg prometheus.Registerer) ([]grpc.ServerOption, error) {
-	if max == 0 {
-		return nil, nil
+// newCallGate returns the gate and registers its metrics on reg.
+func newCallGate(timeout time.Duration, max int64, reg prometheus.Registerer, warn *logthrottle.Throttle) (*callGate, error) {
+	g := &callGate{
+		timeout: timeout, max: max, warn: warn,
+		slow: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "rls_grpc_slow_calls_total",
+			Help: "gRPC calls cancelled while their request message was arriving: message_timeout, not whole --grpc-message-timeout after their headers; evicted, at --grpc-max-calls, waiting over a second, to make room for a new call.",
+		}, []string{"reason"}),
 	}
-	l := &callLimit{max: max, refused: prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "rls_grpc_calls_refused_total",
-		Help: "ShouldRateLimit calls refused as they opened because --grpc-max-calls were open already.",
-	})}
-	open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "rls_grpc_calls_open", Help: "ShouldRateLimit calls open (at most --grpc-max-calls).",
-	}, func() float64 { return float64(l.open.Load()) })
-	for _, c := range []prometheus.Collector{l.refused, open} {
+	g.slow.WithLabelValues(reasonTimeout)
+	g.slow.WithLabelValues(reasonEvicted)
+	cs := []prometheus.Collector{g.slow}
+	if max > 0 {
+		g.refused = prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rls_grpc_calls_refused_total",
+			Help: "ShouldRateLimit calls refused as they opened because --grpc-max-calls were open already, none of them waiting for its message over a second.",
+		})
+		open := prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "rls_grpc_calls_open", Help: "ShouldRateLimit calls open, from their headers (at most --grpc-max-calls).",
+		}, func() float64 { g.mu.Lock(); defer g.mu.Unlock(); return float64(g.open) })
+		cs = append(cs, g.refused, open)
+	}
+	for _, c := range cs {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
-	return []grpc.ServerOption{grpc.InTapHandle(l.tap), grpc.StatsHandler(callEnds{l})}, nil
+	return g, nil
+}
+
+const (
+	reasonTimeout = "message_timeout"
+	reasonEvicted = "evicted"
+)
+
+// options are the gate's server options: the tap that sees each call at its headers.
+func (g *callGate) options() []grpc.ServerOption {
+	if g.timeout == 0 && g.max == 0 {
+		return nil
+	}
+	return []grpc.ServerOption{grpc.InTapHandle(g.tap)}
+}
+
+// serve records which methods of s are unary; call it once every service is registered.
+func (g *callGate) serve(s *grpc.Server) {
+	unary := map[string]bool{}
+	for name, info := range s.GetServiceInfo() {
+		for _, m := range info.Methods {
+			if !m.IsClientStream && !m.IsServerStream {
+				unary["/"+name+"/"+m.Name] = true
+			}
+		}
+	}
+	g.unary = unary
 }
 
 // errTooManyCalls is the answer to a call past the bound.
 var errTooManyCalls = status.Error(codes.Unavailable, "rls overloaded: too many calls open (--grpc-max-calls)")
 
-// tap runs as a call opens, before its message is read, and refuses a ShouldRateLimit call
-// while the bound's calls are open. A call counts as open from its stats.Begin, which gRPC
-// emits before it reads the call's message, to its stats.End, both on the call's own goroutine:
-// a call aborted before it began is never counted, so none is counted for ever. A call is
-// counted once its handler starts, after the tap let it in, so calls opening in a burst may
-// pass the bound together by as many as opened before the first of them started.
-func (l *callLimit) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
-	if info.FullMethodName == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName && l.open.Load() >= l.max {
-		l.refused.Inc()
-		return nil, errTooManyCalls
+// The causes a slow call's context is cancelled with.
+var (
+	errSlowMessage = errors.New("request message not received within --grpc-message-timeout")
+	errEvicted     = errors.New("request message not received, and its place at --grpc-max-calls taken by a new call")
+)
+
+// call is one unary call the gate watches.
+type call struct {
+	g      *callGate
+	start  time.Time
+	cancel context.CancelCauseFunc
+	timer  *time.Timer // the message deadline; nil without one
+	// stopEnd unregisters end from the call's context; true when end will not run.
+	stopEnd func() bool
+
+	// state is arriving, then arrived, expired or evicted; the gate's mutex guards the list and
+	// open, state moves by compare-and-swap out of arriving.
+	state      atomic.Int32
+	counted    bool // holds a place in the bound (set in tap, before the call is shared)
+	prev, next *call
+	listed     bool
+}
+
+const (
+	callArriving int32 = iota
+	callArrived
+	callExpired
+	callEvicted
+)
+
+type callKey struct{}
+
+// tap runs as a call's headers arrive, on its connection's reader, before gRPC reads the
+// message.
+func (g *callGate) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	if !g.unary[info.FullMethodName] {
+		return ctx, nil
 	}
-	return ctx, nil
-}
-
-// callEnds is the stats handler that counts ShouldRateLimit calls open.
-type callEnds struct{ l *callLimit }
-
-type countedKey struct{}
-
-func (callEnds) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Context {
-	if info.FullMethodName == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
-		return context.WithValue(ctx, countedKey{}, true)
-	}
-	return ctx
-}
-func (callEnds) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
-	return ctx
-}
-func (callEnds) HandleConn(context.Context, stats.ConnStats) {}
-
-func (e callEnds) HandleRPC(ctx context.Context, s stats.RPCStats) {
-	switch s.(type) {
-	case *stats.Begin:
-		if ctx.Value(countedKey{}) != nil {
-			e.l.open.Add(1)
+	c := &call{g: g}
+	ctx, c.cancel = context.WithCancelCause(ctx)
+	if g.max > 0 && info.FullMethodName == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
+		c.counted = true
+		admitted, victim := g.admit(c)
+		if !admitted {
+			c.cancel(errTooManyCalls)
+			g.refused.Inc()
+			return nil, errTooManyCalls
 		}
-	case *stats.End:
-		if ctx.Value(countedKey{}) != nil {
-			e.l.open.Add(-1)
+		if victim != nil {
+			victim.cancel(errEvicted)
+			g.slowCall(reasonEvicted)
 		}
 	}
+	if g.timeout > 0 {
+		c.timer = time.AfterFunc(g.timeout, c.expire)
+	}
+	// The stream's context ends with the call, however it ends (answered, reset, its
+	// connection closed), and this context with it.
+	c.stopEnd = context.AfterFunc(ctx, c.end)
+	return context.WithValue(ctx, callKey{}, c), nil
+}
+
+// admit gives c a place in the bound: a free one, or the place of the oldest call waiting for
+// its message for at least evictAfter, returned to be cancelled. False when there is neither.
+func (g *callGate) admit(c *call) (admitted bool, victim *call) {
+	now := time.Now()
+	c.start = now
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.open >= g.max {
+		// The list holds calls still arriving, oldest first, but for one whose message or
+		// deadline came a moment ago and that has not taken itself off yet.
+		for o := g.arriving.head; o != nil && now.Sub(o.start) >= evictAfter; o = o.next {
+			if o.state.CompareAndSwap(callArriving, callEvicted) {
+				victim = o
+				break
+			}
+		}
+		if victim == nil {
+			return false, nil
+		}
+		g.arriving.remove(victim)
+		g.open-- // its place is c's: its end gives back none
+	}
+	g.open++
+	g.arriving.push(c)
+	return true, victim
+}
+
+// arrived is called once the call's message has been read: the deadline no longer applies and
+// the call can no longer be evicted.
+func (c *call) arrived() {
+	if !c.state.CompareAndSwap(callArriving, callArrived) {
+		return
+	}
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	if c.counted {
+		c.g.mu.Lock()
+		c.g.arriving.remove(c)
+		c.g.mu.Unlock()
+	}
+}
+
+// expire runs at the message deadline: a call still waiting for its message is cancelled.
+func (c *call) expire() {
+	if !c.state.CompareAndSwap(callArriving, callExpired) {
+		return
+	}
+	if c.counted {
+		c.g.mu.Lock()
+		c.g.arriving.remove(c)
+		c.g.mu.Unlock()
+	}
+	c.cancel(errSlowMessage)
+	c.g.slowCall(reasonTimeout)
+}
+
+// end runs once when the call ends, or when its handler returns: it stops the deadline and
+// gives back its place.
+func (c *call) end() {
+	if c.timer != nil {
+		c.timer.Stop()
+	}
+	if !c.counted {
+		return
+	}
+	g := c.g
+	g.mu.Lock()
+	g.arriving.remove(c)
+	if c.state.Load() != callEvicted {
+		g.open--
+	}
+	g.mu.Unlock()
+}
+
+// slowCall counts a slow call cancelled, and says so at most once per --log-repeat-interval.
+func (g *callGate) slowCall(reason string) {
+	g.slow.WithLabelValues(reason).Inc()
+	if g.warn != nil {
+		g.warn.Warn("grpc slow call "+reason, "gRPC calls cancelled: their request message did not arrive in time",
+			"reason", reason, "message_timeout", g.timeout, "max_calls", g.max)
+	}
+}
+
+// interceptor is the first unary interceptor: the call's message has arrived. A call's place is
+// given back as its handler returns.
+func (g *callGate) interceptor(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+	c, _ := ctx.Value(callKey{}).(*call)
+	if c == nil {
+		return handler(ctx, req)
+	}
+	c.arrived()
+	defer func() {
+		if c.stopEnd() {
+			c.end()
+		}
+	}()
+	return handler(ctx, req)
+}
+
+// calls is a list of calls, in the order they were pushed; the gate's mutex guards it.
+type calls struct{ head, tail *call }
+
+func (l *calls) push(c *call) {
+	c.prev, c.next, c.listed = l.tail, nil, true
+	if l.tail != nil {
+		l.tail.next = c
+	} else {
+		l.head = c
+	}
+	l.tail = c
+}
+
+func (l *calls) remove(c *call) {
+	if !c.listed {
+		return
+	}
+	if c.prev != nil {
+		c.prev.next = c.next
+	} else {
+		l.head = c.next
+	}
+	if c.next != nil {
+		c.next.prev = c.prev
+	} else {
+		l.tail = c.prev
+	}
+	c.prev, c.next, c.listed = nil, nil, false
 }

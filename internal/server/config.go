@@ -79,6 +79,9 @@ type GRPCConfig struct {
 	MaxConnectionAgeGrace time.Duration // --grpc-max-connection-age-grace
 	MaxConnections        int           // --grpc-max-connections
 	MaxConnectionIdle     time.Duration // --grpc-max-connection-idle
+	MaxConnsPerSource     int           // --grpc-max-connections-per-source; 0: no bound
+	HandshakeTimeout      time.Duration // --grpc-handshake-timeout
+	MessageTimeout        time.Duration // --grpc-message-timeout; 0: none
 	TLSCert               string        // --grpc-tls-cert
 	TLSKey                string        // --grpc-tls-key
 	TLSClientCA           string        // --grpc-tls-client-ca
@@ -132,9 +135,11 @@ func DefaultConfig() Config {
 	return Config{
 		GRPC: GRPCConfig{
 			Addr: ":8081", Reflection: true, KeepaliveMinTime: 10 * time.Second,
-			MaxConcurrentStreams: 1024, StreamWorkers: defaultStreamWorkers,
+			MaxConcurrentStreams: defaultGRPCMaxConcurrentStreams, StreamWorkers: defaultStreamWorkers,
 			MaxConnectionAge: 10 * time.Minute, MaxConnectionAgeGrace: 30 * time.Second,
 			MaxConnections: defaultGRPCMaxConnections, MaxConnectionIdle: defaultGRPCMaxConnectionIdle,
+			MaxConnsPerSource: defaultGRPCMaxConnsPerSource, HandshakeTimeout: defaultGRPCHandshakeTimeout,
+			MessageTimeout: defaultGRPCMessageTimeout,
 		},
 		HTTP: HTTPConfig{Addr: ":8080", HTTPLimits: HTTPLimits{
 			ReadHeaderTimeout: defaultHTTPReadHeaderTimeout, ReadTimeout: defaultHTTPReadTimeout,

@@ -109,6 +109,11 @@ func newGRPCServer(c Config, log *slog.Logger, interceptors []grpc.UnaryServerIn
 		// UTF-8 InvalidArgument instead of the codec answering INTERNAL.
 		grpc.ForceServerCodecV2(service.CodecMax(c.Bounds.MaxRequestBytes)),
 	}, extra...)
+	if c.GRPC.HandshakeTimeout > 0 {
+		// A connection that has not finished its handshake (TLS, HTTP/2 preface and SETTINGS)
+		// by then is closed; capConn counts it. Validate refuses 0: gRPC's default is 120 s.
+		opts = append(opts, grpc.ConnectionTimeout(c.GRPC.HandshakeTimeout))
+	}
 	if c.GRPC.StreamWorkers > 0 {
 		// A new goroutine per call grows its stack to what the handler needs on every call
 		// (runtime.newstack, about a tenth of rls's CPU under load); a worker grows it once.

@@ -86,6 +86,15 @@ func (g GRPCConfig) validate() error {
 	if g.MaxConnections < 0 {
 		errs = append(errs, fmt.Errorf("--grpc-max-connections %d: want 0 (no bound) or more", g.MaxConnections))
 	}
+	if g.MaxConnsPerSource < 0 {
+		errs = append(errs, fmt.Errorf("--grpc-max-connections-per-source %d: want 0 (no bound) or more", g.MaxConnsPerSource))
+	}
+	if g.HandshakeTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("--grpc-handshake-timeout %v: must be > 0", g.HandshakeTimeout))
+	}
+	if g.MessageTimeout < 0 {
+		errs = append(errs, fmt.Errorf("--grpc-message-timeout %v: want 0 (none) or more", g.MessageTimeout))
+	}
 	if g.MaxConnectionIdle < 0 {
 		errs = append(errs, fmt.Errorf("--grpc-max-connection-idle %v: want 0 (never) or more", g.MaxConnectionIdle))
 	}

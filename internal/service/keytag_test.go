@@ -129,3 +129,37 @@ func TestRateLimitsListSurvivesSwap(t *testing.T) {
 		t.Fatalf("after the swap: %v, want OVER_LIMIT by the spent daily limit", resp)
 	}
 }
+
+// BenchmarkShouldRateLimitList is BenchmarkShouldRateLimit's bare case with a rate_limits list
+// of three limits (unnamed, named, a calendar window) on one descriptor: what a key tag costs.
+func BenchmarkShouldRateLimitList(b *testing.B) {
+	rs, err := descriptors.Parse(map[string][]byte{"b.yaml": []byte(`
+domain: bench
+descriptors:
+  - key: api_key
+    rate_limits:
+      - {unit: second, requests_per_unit: 1000000000, burst: 1000000000}
+      - {unit: day, requests_per_unit: 1000000000, name: daily}
+      - {unit: month, requests_per_unit: 1000000000, algorithm: fixed_window, timezone: Asia/Tokyo}
+`)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+		{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: "api_key", Value: "k1"}}},
+	}}
+	m, _ := backend.NewMemory(backend.MemoryOptions{})
+	svc, err := New(rs, Options{Backend: m})
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if _, err := svc.ShouldRateLimit(ctx, req); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

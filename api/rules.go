@@ -45,7 +45,10 @@ type Descriptor struct {
 	// allow-lists what it matches.
 	RateLimit *RateLimit `yaml:"rate_limit"`
 	// RateLimits is an rls extension: several limits on one node (10 per second and 250 per day),
-	// all of which must admit a request. Mutually exclusive with RateLimit.
+	// all of which must admit a request. Mutually exclusive with RateLimit. Each keeps its own
+	// state, keyed by its Name, else by its period and algorithm, never by its place in the
+	// list; two that would share state (one name, or unnamed with one period and algorithm)
+	// are an error.
 	RateLimits []RateLimit `yaml:"rate_limits"`
 	// Descriptors are the children, matched against the next entry.
 	Descriptors []Descriptor `yaml:"descriptors"`

@@ -13,6 +13,8 @@ import (
 
 	goredis "github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/rls-project/rls/internal/respguard"
 )
 
 // Topology is how Redis is deployed.
@@ -284,6 +286,18 @@ type clientOptions struct {
 	contextTimeout bool
 }
 
+// NewClient is go-redis's client of t, for a user of Redis other than the decisions (the RLQS
+// shares), with the settings every client of this package holds: no command retried, one dial
+// per attempt, maintenance notifications off, replies bounded (guardedDialer). On a Cluster,
+// go-redis keeps the slot map itself.
+func NewClient(t Target, dialTimeout, readTimeout time.Duration) goredis.UniversalClient {
+	c := clientOptions{dialTimeout: dialTimeout, readTimeout: readTimeout}
+	if t.Topology == Cluster {
+		return newClusterClient(t, c, nil)
+	}
+	return newClient(t, c)
+}
+
 // newClient connects to t, a single node or Sentinel. Commands are never retried by go-redis: a
 // script whose reply was lost may have run, and running it again would charge twice. Nor are
 // dials: go-redis's default of five dials 100 ms apart would spend a decision's whole budget
@@ -297,7 +311,7 @@ func newClient(t Target, c clientOptions) goredis.UniversalClient {
 			SentinelPassword: t.SentinelPassword, Username: t.Username, Password: t.Password, DB: t.DB,
 			TLSConfig: tlsConf, PoolSize: c.poolSize, DialTimeout: c.dialTimeout, ReadTimeout: c.readTimeout,
 			WriteTimeout: c.readTimeout, ContextTimeoutEnabled: c.contextTimeout, MaxRetries: -1, DialerRetries: 1,
-			DisableIdentity: true,
+			DisableIdentity: true, Dialer: guardedDialer(c.dialTimeout, tlsConf),
 		})
 	}
 	var o *goredis.Options
@@ -331,7 +345,25 @@ func nodeOptions(o *goredis.Options, c clientOptions) *goredis.Options {
 	o.DialerRetries = 1
 	o.DisableIdentity = true
 	o.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	o.Dialer = guardedDialer(o.DialTimeout, o.TLSConfig)
 	return o
+}
+
+// guardedDialer dials as go-redis does by default (TCP keep-alives; TLS with tlsConf when not
+// nil) and guards each connection's reads with respguard: a reply that declares a string or an
+// aggregate past its bounds fails that connection's read, as a broken connection does, before
+// go-redis allocates what was declared. A rogue or corrupted Redis then fails its calls (Redis
+// unavailable, to the breaker and the failure mode), and cannot make the process allocate
+// gigabytes with a few bytes. Every client of every topology dials through it.
+func guardedDialer(timeout time.Duration, tlsConf *tls.Config) func(context.Context, string, string) (net.Conn, error) {
+	dial := goredis.NewDialer(&goredis.Options{DialTimeout: timeout, TLSConfig: tlsConf})
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		c, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		return respguard.Wrap(c), nil
+	}
 }
 
 // newClusterClient is go-redis's client of the Cluster t, with the slot map slots gives. It
@@ -342,7 +374,7 @@ func newClusterClient(t Target, c clientOptions, slots func(context.Context) ([]
 		Addrs: t.Addrs, Username: t.Username, Password: t.Password, TLSConfig: t.tls(),
 		PoolSize: c.poolSize, DialTimeout: c.dialTimeout, ReadTimeout: c.readTimeout,
 		WriteTimeout: c.readTimeout, ContextTimeoutEnabled: c.contextTimeout, MaxRetries: -1, MaxRedirects: 1,
-		DialerRetries: 1, DisableIdentity: true, ClusterSlots: slots,
+		DialerRetries: 1, DisableIdentity: true, ClusterSlots: slots, Dialer: guardedDialer(c.dialTimeout, t.tls()),
 		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
 	})
 }

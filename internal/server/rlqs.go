@@ -1,7 +1,7 @@
 package server
 
 import (
-	"crypto/tls"
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -32,6 +32,9 @@ type RLQSConfig struct {
 	MaxProxies      int    // --rlqs-max-proxies-per-bucket
 	MaxBucketBytes  int64  // --rlqs-max-bucket-bytes
 	Domains         string // --rlqs-domains: comma-separated; "": all
+	// ReportBudget bounds the bytes of the reports of all streams decoded and taken in at once
+	// (--rlqs-report-budget-bytes; 0: rlqs.DefaultReportBudget).
+	ReportBudget int64
 }
 
 // startRLQS builds the Rate Limit Quota Service and registers it on g; nil when --rlqs=false.
@@ -40,6 +43,10 @@ func startRLQS(g *grpc.Server, c Config, svc *service.Service, reg prometheus.Re
 	rc := c.RLQS
 	if !rc.Enabled {
 		return nil, nil
+	}
+	if budget := cmp.Or(rc.ReportBudget, rlqs.DefaultReportBudget); budget < int64(rc.MaxReportBytes) {
+		return nil, fmt.Errorf("--rlqs-report-budget-bytes %d: want at least --rlqs-max-report-bytes (%d), or the largest reports are always refused",
+			budget, rc.MaxReportBytes)
 	}
 	var store rlqs.Store
 	if c.Backend == "redis" {
@@ -58,7 +65,7 @@ func startRLQS(g *grpc.Server, c Config, svc *service.Service, reg prometheus.Re
 	s, err := rlqs.New(rlqs.Options{
 		Rules: svc.Rules, Store: store, TTL: rc.TTL, Tick: rc.Tick, MaxBuckets: rc.MaxBuckets,
 		MaxStreams: rc.MaxStreams, MaxTotalBuckets: rc.MaxTotalBuckets, MaxBucketBytes: rc.MaxBucketBytes,
-		MaxProxiesPerBucket: rc.MaxProxies, Domains: domains, LogEvery: c.Log.RepeatInterval,
+		MaxProxiesPerBucket: rc.MaxProxies, Domains: domains, ReportBudget: rc.ReportBudget, LogEvery: c.Log.RepeatInterval,
 		Registerer: reg, Logger: log.With("service", "rlqs"),
 	})
 	if err != nil {
@@ -81,42 +88,18 @@ func mountRLQS(mux *http.ServeMux, s *rlqs.Server) {
 }
 
 // rlqsRedisClient connects to the Redis of --redis-url for the shares, with the backend's TLS
-// flags. Commands are not retried: a transaction whose reply was lost is decided again anyway.
+// flags and the dial settings of every client of the backend (redisbackend.NewClient): replies
+// bounded, one dial per attempt. Commands are not retried: a transaction whose reply was lost
+// is decided again anyway.
 func rlqsRedisClient(rc RedisConfig) (goredis.UniversalClient, error) {
 	t, err := redisbackend.ParseURL(rc.URL)
 	if err != nil {
 		return nil, fmt.Errorf("--redis-url: %w", err)
 	}
-	var tlsConf *tls.Config
-	if t.TLS {
-		host := t.Addrs[0]
-		if i := strings.LastIndexByte(host, ':'); i >= 0 {
-			host = host[:i]
-		}
-		if tlsConf, err = clientTLS("--redis-tls-*", rc.TLSCert, rc.TLSKey, rc.TLSCA, host, rc.TLSSkipVerify); err != nil {
+	if rc.TLSCert != "" || rc.TLSKey != "" || rc.TLSCA != "" || rc.TLSSkipVerify {
+		if t.TLSConfig, err = clientTLS("--redis-tls-*", rc.TLSCert, rc.TLSKey, rc.TLSCA, "", rc.TLSSkipVerify); err != nil {
 			return nil, err
 		}
 	}
-	switch t.Topology {
-	case redisbackend.Sentinel:
-		return goredis.NewFailoverClient(&goredis.FailoverOptions{
-			MasterName: t.Master, SentinelAddrs: t.Addrs, SentinelUsername: t.SentinelUsername, SentinelPassword: t.SentinelPassword,
-			Username: t.Username, Password: t.Password, DB: t.DB, TLSConfig: tlsConf,
-			DialTimeout: rc.DialTimeout, ReadTimeout: rc.ReadTimeout, WriteTimeout: rc.ReadTimeout, MaxRetries: -1, DisableIdentity: true,
-		}), nil
-	case redisbackend.Cluster:
-		return goredis.NewClusterClient(&goredis.ClusterOptions{
-			Addrs: t.Addrs, Username: t.Username, Password: t.Password, TLSConfig: tlsConf,
-			DialTimeout: rc.DialTimeout, ReadTimeout: rc.ReadTimeout, WriteTimeout: rc.ReadTimeout, MaxRetries: -1, DisableIdentity: true,
-		}), nil
-	}
-	o, err := goredis.ParseURL(rc.URL)
-	if err != nil {
-		return nil, fmt.Errorf("--redis-url: %w", err)
-	}
-	if tlsConf != nil {
-		o.TLSConfig = tlsConf
-	}
-	o.DialTimeout, o.ReadTimeout, o.WriteTimeout, o.MaxRetries, o.DisableIdentity = rc.DialTimeout, rc.ReadTimeout, rc.ReadTimeout, -1, true
-	return goredis.NewClient(o), nil
+	return redisbackend.NewClient(t, rc.DialTimeout, rc.ReadTimeout), nil
 }

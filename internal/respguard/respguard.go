@@ -174,10 +174,8 @@ func (s *Stream) Check(b []byte) (int, error) {
 			}
 			i++
 		case stLength:
-			c := b[i]
-			switch {
-			case c >= '0' && c <= '9':
-				s.n = s.n*10 + int64(c-'0')
+			for ; i < len(b) && b[i] >= '0' && b[i] <= '9'; i++ {
+				s.n = s.n*10 + int64(b[i]-'0')
 				s.digits++
 				if s.n > s.max {
 					return i, s.tooLarge()
@@ -185,6 +183,11 @@ func (s *Stream) Check(b []byte) (int, error) {
 				if s.digits > 20 {
 					return i, s.fail("a length of more than 20 digits")
 				}
+			}
+			if i == len(b) {
+				return len(b), nil
+			}
+			switch c := b[i]; {
 			case c == '-' && s.digits == 0 && !s.neg:
 				s.neg = true
 			case c == '\r' && s.digits > 0:

@@ -272,6 +272,11 @@ func overdrawn(tat tick, l limit.Limit, now int64, cost int64) State {
 
 // Refund gives back cost requests to the key whose state is s (is_negative_hits), never beyond a
 // full burst. It always allows.
+//
+// A state written under another rate or period (a rule edited since, or another replica's rule
+// during a rollout) gets the requests back in its own terms: it is neither re-expressed under l
+// nor capped at l's burst, which would take back other requests' charges with the refund's. The
+// decision describes the result under l.
 func Refund(s State, l limit.Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{Allowed: true}
@@ -282,25 +287,57 @@ func Refund(s State, l limit.Limit, now int64, cost int64) (State, Decision) {
 	if s.Alg != limit.GCRA {
 		s = State{}
 	}
-	tat := current(s, l, now)
 	nowT := tick{us: now}
 	if cost > l.Burst {
 		cost = l.Burst
 	}
-	if cost > 0 {
-		tat = sub(tat, interval(cost, l), l.Rate)
-		if tat.less(nowT) {
-			tat = nowT
+	var tat tick
+	if ns, ok := refundOwn(s, l, now, cost); ok {
+		s, tat = ns, current(ns, l, now)
+	} else {
+		tat = current(s, l, now)
+		if cost > 0 {
+			tat = sub(tat, interval(cost, l), l.Rate)
+			if tat.less(nowT) {
+				tat = nowT
+			}
 		}
+		s = tat.state(l)
 	}
 	top := add(nowT, interval(l.Burst, l), l.Rate)
 	remaining := int64(0)
 	if !top.less(tat) {
 		remaining = count(sub(top, tat, l.Rate), l)
 	}
-	return tat.state(l), Decision{
+	return s, Decision{
 		Allowed:    true,
 		Remaining:  remaining,
 		ResetAfter: ceilDuration(sub(tat, nowT, l.Rate)),
 	}
+}
+
+// OwnTerms reports whether a refund under l gives back to s in s's own terms (see Refund): s
+// holds usage written under another rate or period, in a form this package wrote.
+func OwnTerms(s State, l limit.Limit, now int64) bool {
+	return s.Alg == limit.GCRA && !s.Fresh(now) && (s.Rate != l.Rate || s.Period != l.PeriodMicros()) &&
+		s.Rate > 0 && s.Period > 0 && s.Frac >= 0 && s.Frac < s.Rate
+}
+
+// refundOwn gives cost (at most 2^32) requests back to s in its own terms when OwnTerms holds;
+// ok is false otherwise.
+func refundOwn(s State, l limit.Limit, now, cost int64) (State, bool) {
+	if !OwnTerms(s, l, now) {
+		return s, false
+	}
+	if cost <= 0 {
+		return s, true
+	}
+	nowT := tick{us: now}
+	own := limit.Limit{Rate: s.Rate, Period: time.Duration(s.Period) * time.Microsecond, Burst: 1}
+	if cost > countCapped(sub(tick{s.TAT, s.Frac}, nowT, s.Rate), own, 1<<33) {
+		// More than every request the state holds (a span of more than 2^33 intervals holds
+		// more than any cost): none is left.
+		return nowT.state(own), true
+	}
+	return sub(tick{s.TAT, s.Frac}, interval(cost, own), s.Rate).state(own), true
 }

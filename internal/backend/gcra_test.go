@@ -369,3 +369,33 @@ func TestOverdraftBounds(t *testing.T) {
 		t.Fatalf("MaxCharge: %d, want %d", got, int64(limit.MaxTolerance/(5*time.Second)))
 	}
 }
+
+// TestRefundUnderAnotherLimit: a refund under a limit other than the one a key's state was
+// written under (a replica on an older rule during a rollout) gives back its own requests in
+// the state's terms: the state is neither re-expressed under the refund's limit nor capped at
+// its burst, which took back the other limit's charges with it.
+func TestRefundUnderAnotherLimit(t *testing.T) {
+	const now = int64(1_000_000_000)
+	large := limit.Limit{Rate: 2000, Period: time.Hour, Burst: 2000}
+	small := limit.Limit{Rate: 100, Period: time.Hour, Burst: 100}
+	s, d := Decide(State{}, large, now, 1000)
+	if !d.Allowed {
+		t.Fatal("1000 of 2000 denied")
+	}
+	s, d = Refund(s, small, now, 30)
+	if s.Rate != large.Rate || s.Period != large.PeriodMicros() {
+		t.Fatalf("state re-expressed under the refund's limit: %+v", s)
+	}
+	if d.Remaining != 0 {
+		t.Fatalf("the refund reports %d remaining under its limit of 100, want 0 (970 held)", d.Remaining)
+	}
+	if _, d := Decide(s, large, now, 0); d.Remaining != 1030 {
+		t.Fatalf("%d remaining under the larger limit after the refund, want 1030 (970 held)", d.Remaining)
+	}
+	// More than the state holds leaves it empty.
+	s, _ = Refund(s, small, now, 100)
+	s, _ = Refund(s, limit.Limit{Rate: 1, Period: time.Second, Burst: 1 << 32}, now, 1<<32)
+	if !s.Fresh(now) {
+		t.Fatalf("state %+v after refunds of more than it held, want fresh", s)
+	}
+}

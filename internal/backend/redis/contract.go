@@ -137,6 +137,10 @@ const (
 	multiCheckReset     // µs
 	multiDeltaUS
 	multiDeltaFrac // GCRA: in 1/rate µs; windows: the window's end, or sliding_log's instant
+	// GCRA: the rate and period the delta is in, when the key's state is in terms of its own
+	// (refunds under another limit: see backend.Refund); 0, 0 for the request's limit's.
+	multiDeltaRate
+	multiDeltaPeriod
 	multiEntries
 	multiWords
 )
@@ -232,7 +236,7 @@ type record struct {
 var (
 	keyFields      = [keyWords]string{keyRate: "rate", keyPeriod: "period", keyBurst: "burst", keyCost: "cost", keyFlags: "flags", keyWindowA: "wa", keyWindowB: "wb", keyWindowC: "wc"}
 	decisionFields = [decisionWords]string{decAllowed: "allowed", decRemaining: "remaining", decRetry: "retry_us", decReset: "reset_us"}
-	multiFields    = [multiWords]string{multiCheckRemaining: "check_remaining", multiCheckReset: "check_reset_us", multiDeltaUS: "delta_us", multiDeltaFrac: "delta_frac", multiEntries: "entries"}
+	multiFields    = [multiWords]string{multiCheckRemaining: "check_remaining", multiCheckReset: "check_reset_us", multiDeltaUS: "delta_us", multiDeltaFrac: "delta_frac", multiDeltaRate: "delta_rate", multiDeltaPeriod: "delta_period", multiEntries: "entries"}
 	entryFields    = [entryWords]string{entryInstant: "instant", entryHits: "hits"}
 	chargedFields  = [chargedWords]string{chargedCharged: "charged", chargedNow: "now"}
 	giveBackFields = [giveBackWords]string{giveBackHits: "hits", giveBackHeldUntil: "held_until", giveBackExpires: "expires", giveBackRate: "rate", giveBackPeriod: "period", giveBackFlags: "flags"}
@@ -311,7 +315,7 @@ type call struct {
 	now     int64              // µs: the instant the script decided at
 	dec     []backend.Decision // per key
 	check   []int64            // multi: per key remaining, reset µs
-	delta   []int64            // multi: per key µs, frac, m, then m sliding_log entries (instant, hits)
+	delta   []int64            // multi: per key µs, frac, rate, period, m, then m sliding_log entries (instant, hits)
 	deltaAt []int              // multi: where each key's delta starts in delta
 	err     error              // the call failed: no reply
 
@@ -473,16 +477,23 @@ func decodeGiven(reply string, n int) (given []int64, late []bool, err error) {
 // appendUndo appends to vals the undo record of key n of the multi call c, whose request is r,
 // and its entries, and reports whether there is anything to undo.
 func (c *call) appendUndo(vals []byte, n int, r *backend.Request) ([]byte, bool) {
-	d := c.delta[c.deltaAt[n]:] // delta_us, delta_frac, entries, then the entry records
-	m := d[2]
+	d := c.delta[c.deltaAt[n]:] // delta_us, delta_frac, delta_rate, delta_period, entries, then the entry records
+	m := d[4]
 	if d[0] == 0 && d[1] == 0 && m == 0 {
 		return vals, false
 	}
 	var v [undoWords]int64
 	v[undoRate], v[undoPeriod], v[undoBurst] = r.Limit.Rate, int64(r.Limit.Period/time.Microsecond), r.Limit.Burst
 	v[undoDeltaUS], v[undoDeltaFrac], v[undoFlags], v[undoEntries] = d[0], d[1], requestFlags(r), m
+	if d[2] > 0 {
+		// A change in the state's own terms: undone in them, as under an overdraft limit of
+		// those terms with no burst to speak of (2^33: more than any), so that nothing caps the
+		// state but MaxTolerance.
+		v[undoRate], v[undoPeriod], v[undoBurst] = d[2], d[3], 1<<33
+		v[undoFlags] = requestFlags(&backend.Request{Limit: limit.Limit{Overdraft: true, Algorithm: limit.GCRA}})
+	}
 	vals = appendDoubles(vals, v[:]...)
-	return appendDoubles(vals, d[3:3+entryWords*m]...), true
+	return appendDoubles(vals, d[5:5+entryWords*m]...), true
 }
 
 // decodeDecide reads a decide reply into c.
@@ -522,7 +533,7 @@ func decodeDecide(reply string, c *call) error {
 		if m < 0 || m > int64(r.left()-multiWords*(len(c.keys)-n-1))/entryWords {
 			return fmt.Errorf("script reply: %d bytes for %d keys, key %d's delta says %d entries", len(reply), len(c.keys), n, m)
 		}
-		c.delta = append(c.delta, v[multiDeltaUS], v[multiDeltaFrac], m)
+		c.delta = append(c.delta, v[multiDeltaUS], v[multiDeltaFrac], v[multiDeltaRate], v[multiDeltaPeriod], m)
 		for range entryWords * m {
 			c.delta = append(c.delta, r.next())
 		}

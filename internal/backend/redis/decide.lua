@@ -253,25 +253,53 @@ local function decide(s, L, now, cost)
   return {tat = nus, frac = nf, rate = rate, period = L.period}, 1, remaining - cost, 0, ceil_us(sub(nus, nf, now, 0, rate))
 end
 
--- refund is gcra.go's Refund.
+-- own_terms is gcra.go's OwnTerms: a refund under L gives back to s in s's own terms.
+local function own_terms(s, L, now)
+  return s and not fresh(s, now) and not (s.rate == L.rate and s.period == L.period)
+    and s.rate > 0 and s.period > 0 and s.frac >= 0 and s.frac < s.rate
+end
+
+-- refund is gcra.go's Refund, refundOwn included: a state written under another rate or period
+-- gets the requests back in its own terms, neither re-expressed under L nor capped at its burst.
 local function refund(s, L, now, cost)
   local rate = L.rate
-  local tus, tf = current(s, L, now)
   if cost > L.burst then
     cost = L.burst
   end
-  if cost > 0 then
-    local cus, cf = interval(cost, L)
-    tus, tf = sub(tus, tf, cus, cf, rate)
-    if less(tus, tf, now, 0) then
-      tus, tf = now, 0
+  local ns, tus, tf
+  if own_terms(s, L, now) then
+    ns = s
+    if cost > 0 then
+      local O = limit(s.rate, s.period, 1, false)
+      local dus, df = sub(s.tat, s.frac, now, 0, s.rate)
+      local n = 8589934592 -- more than 2^33 intervals: more than any cost
+      if dus * s.rate / s.period <= 8589934592 then
+        n = count(dus, df, O)
+      end
+      if cost > n then
+        ns = {tat = now, frac = 0, rate = s.rate, period = s.period}
+      else
+        local cus, cf = interval(cost, O)
+        local nus, nf = sub(s.tat, s.frac, cus, cf, s.rate)
+        ns = {tat = nus, frac = nf, rate = s.rate, period = s.period}
+      end
     end
+    tus, tf = current(ns, L, now)
+  else
+    tus, tf = current(s, L, now)
+    if cost > 0 then
+      local cus, cf = interval(cost, L)
+      tus, tf = sub(tus, tf, cus, cf, rate)
+      if less(tus, tf, now, 0) then
+        tus, tf = now, 0
+      end
+    end
+    ns = {tat = tus, frac = tf, rate = rate, period = L.period}
   end
   local aus, af = add(now, 0, L.full_us, L.full_frac, rate)
   local hus, hf = sub(aus, af, tus, tf, rate)
-  return {tat = tus, frac = tf, rate = rate, period = L.period}, 1, count(hus, hf, L), 0, ceil_us(sub(tus, tf, now, 0, rate))
+  return ns, 1, count(hus, hf, L), 0, ceil_us(sub(tus, tf, now, 0, rate))
 end
-
 
 -- The window algorithms, as backend/window.go. A state is {stop (the window's end, or 0),
 -- count, rate, period, alg, prev (the previous window's count), log}; a limit W is {rate,
@@ -1016,19 +1044,32 @@ local function batch(k0, args, threshold, multi)
         _, _, check_remaining, _, check_reset_us = apply(states[KEYS_[k0 + i]], lim[i], 0, false)
       end
       local key = KEYS_[k0 + i]
-      local delta_us, delta_frac, removed = 0, 0, nil
+      local delta_us, delta_frac, delta_rate, delta_period, removed = 0, 0, 0, 0, nil
       if charge and last[key] == i then
         local L = lim[i]
+        local a, b = cur[key], states[key]
         if L.alg then
-          delta_us, delta_frac, removed = wdelta(states[key], cur[key], L, now)
+          delta_us, delta_frac, removed = wdelta(b, a, L, now)
+        elseif a and b and not a.alg and not b.alg and (a.rate ~= L.rate or a.period ~= L.period)
+          and a.rate == b.rate and a.period == b.period then
+          -- Refunds in the state's own terms (see refund): the change in those terms.
+          local aus, af, bus, bf = a.tat, a.frac, b.tat, b.frac
+          if less(aus, af, now, 0) then
+            aus, af = now, 0
+          end
+          if less(bus, bf, now, 0) then
+            bus, bf = now, 0
+          end
+          delta_us, delta_frac = sub(aus, af, bus, bf, a.rate)
+          delta_rate, delta_period = a.rate, a.period
         else
-          local aus, af = current(cur[key], L, now)
-          local bus, bf = current(states[key], L, now)
+          local aus, af = current(a, L, now)
+          local bus, bf = current(b, L, now)
           delta_us, delta_frac = sub(aus, af, bus, bf, L.rate)
         end
       end
       local entries = removed and #removed / ENTRY_WORDS or 0
-      emit(pack(MULTI_FMT, check_remaining, check_reset_us, delta_us, delta_frac, entries))
+      emit(pack(MULTI_FMT, check_remaining, check_reset_us, delta_us, delta_frac, delta_rate, delta_period, entries))
       for j = 1, entries do
         local instant, hits = removed[2 * j - 1], removed[2 * j]
         emit(pack(ENTRY_FMT, instant, hits))

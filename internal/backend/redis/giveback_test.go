@@ -2,6 +2,7 @@ package redis
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -114,4 +115,56 @@ func TestGiveBackFixedWindow(t *testing.T) {
 	if d := check(t, b, "window", l); d.Remaining != 999 {
 		t.Fatalf("remaining %d after the give-back, want 999", d.Remaining)
 	}
+}
+
+// TestRefundUnderAnotherLimit: a client's refund (is_negative_hits) on a replica whose rule is
+// smaller than the one the key's state was written under gives back its own hits in the key's
+// terms, as backend.Refund does: the larger rule's charges stay. Across Cluster slots, a batch
+// refused by another slot undoes the refund in the same terms.
+func TestRefundUnderAnotherLimit(t *testing.T) {
+	for _, env := range []string{singleEnv, clusterEnv} {
+		t.Run(env, func(t *testing.T) {
+			b := newLeasedBackends(t, env, 1, 0)[0]
+			small := limit.Limit{Rate: 100, Period: time.Hour, Burst: 100}
+			large := limit.Limit{Rate: 2000, Period: time.Hour, Burst: 2000}
+			out := make([]backend.Decision, 2)
+			if ok, err := b.decide(context.Background(), []backend.Request{{Key: "refund", Limit: large, Cost: 1000}}, out); err != nil || !ok {
+				t.Fatalf("charging 1000: %v, %v", ok, err)
+			}
+			if _, err := b.decide(context.Background(), []backend.Request{{Key: "refund", Limit: small, Cost: 30, Refund: true}}, out); err != nil {
+				t.Fatal(err)
+			}
+			if d := check(t, b, "refund", large); d.Remaining < 1028 || d.Remaining > 1030 {
+				t.Fatalf("remaining %d under the larger rule after a refund of 30, want 1030", d.Remaining)
+			}
+			if !b.cluster {
+				return
+			}
+			// A refund beside a request on another slot that is denied: the batch is refused and
+			// the refund undone, in the key's own terms.
+			reqs := []backend.Request{
+				{Key: "refund", Limit: small, Cost: 30, Refund: true},
+				{Key: otherSlotKey(t, b, "refund"), Limit: limit.Limit{Rate: 1, Period: time.Hour, Burst: 1}, Cost: 2},
+			}
+			if ok, err := b.decide(context.Background(), reqs, out); err != nil || ok {
+				t.Fatalf("a batch with a request past its burst: admitted %v, %v", ok, err)
+			}
+			if d := check(t, b, "refund", large); d.Remaining < 1028 || d.Remaining > 1030 {
+				t.Fatalf("remaining %d after a refused batch's refund was undone, want 1030 still", d.Remaining)
+			}
+		})
+	}
+}
+
+// otherSlotKey returns a key whose slot is not key's.
+func otherSlotKey(t *testing.T, b *Backend, key string) string {
+	t.Helper()
+	for i := range 1000 {
+		k := fmt.Sprintf("other-%d", i)
+		if slot(storedKey(b.prefix, k)) != slot(storedKey(b.prefix, key)) {
+			return k
+		}
+	}
+	t.Fatal("no key on another slot")
+	return ""
 }

@@ -56,6 +56,11 @@ const (
 	DefaultAssignTimeout = time.Second
 	// DefaultDebugBuckets is how many assignments /debug/rlqs lists unless asked for fewer.
 	DefaultDebugBuckets = 1000
+	// DefaultReportBudget bounds the bytes of the usage reports of all streams being decoded and
+	// taken in at once (see reportBudget): twice the largest report gRPC accepts by default.
+	DefaultReportBudget = 2 << 20
+	// DefaultReportWait is how long a report waits for room in the budget before it is refused.
+	DefaultReportWait = time.Second
 )
 
 // Options configures a Server. Only Rules is required.
@@ -93,6 +98,13 @@ type Options struct {
 	Domains []string
 	// AssignTimeout bounds each decision in the store (default DefaultAssignTimeout).
 	AssignTimeout time.Duration
+	// ReportBudget bounds the bytes of the usage reports of all streams being decoded and taken
+	// in at once (default DefaultReportBudget); it should be at least the largest report gRPC
+	// accepts, or such a report is always refused.
+	ReportBudget int64
+	// ReportWait is how long a report waits for room in ReportBudget before its stream ends with
+	// RESOURCE_EXHAUSTED (default DefaultReportWait).
+	ReportWait time.Duration
 	// LogEvery is how often, at most, each kind of client-caused warning is logged (default
 	// DefaultLogEvery); the line says how many were not.
 	LogEvery time.Duration
@@ -118,6 +130,8 @@ type Server struct {
 	maxProxies    int
 	domains       map[string]bool // nil: all
 	assignTimeout time.Duration
+	budget        *reportBudget
+	reportWait    time.Duration
 	recheck       time.Duration // how often a tick decides a settled bucket again
 	log           *slog.Logger
 	warn          *logthrottle.Throttle
@@ -153,7 +167,8 @@ func New(opts Options) (*Server, error) {
 		return nil, errors.New("rlqs: no rules")
 	}
 	if opts.TTL < 0 || opts.Tick < 0 || opts.MaxBuckets < 0 || opts.MaxStreams < 0 || opts.MaxTotalBuckets < 0 ||
-		opts.MaxBucketBytes < 0 || opts.MaxProxiesPerBucket < 0 || opts.AssignTimeout < 0 || opts.LogEvery < 0 {
+		opts.MaxBucketBytes < 0 || opts.MaxProxiesPerBucket < 0 || opts.AssignTimeout < 0 || opts.LogEvery < 0 ||
+		opts.ReportBudget < 0 || opts.ReportWait < 0 {
 		return nil, errors.New("rlqs: durations and bounds must not be negative")
 	}
 	if opts.TTL > 0 && opts.TTL < time.Millisecond {
@@ -166,6 +181,8 @@ func New(opts Options) (*Server, error) {
 		maxStreams: cmp.Or(opts.MaxStreams, DefaultMaxStreams), maxTotal: cmp.Or(opts.MaxTotalBuckets, DefaultMaxTotalBuckets),
 		maxBytes: cmp.Or(opts.MaxBucketBytes, DefaultMaxBucketBytes), maxProxies: cmp.Or(opts.MaxProxiesPerBucket, DefaultMaxProxiesPerBucket),
 		assignTimeout: cmp.Or(opts.AssignTimeout, DefaultAssignTimeout),
+		budget:        newReportBudget(cmp.Or(opts.ReportBudget, DefaultReportBudget)),
+		reportWait:    cmp.Or(opts.ReportWait, DefaultReportWait),
 		log:           opts.Logger, now: opts.Now, replica: hex.EncodeToString(id[:]), streams: map[*stream]struct{}{},
 		byBucket: map[string]*sharedBucket{}, aggs: map[aggKey]*agg{},
 	}
@@ -320,13 +337,13 @@ func (s *Server) StreamRateLimitQuotas(ss rlqspb.RateLimitQuotaService_StreamRat
 	s.opened.Inc()
 	defer s.leave(st)
 
-	reports := make(chan *rlqspb.RateLimitQuotaUsageReports)
+	reports := make(chan budgeted)
 	recvErr := make(chan error, 1)
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
 		for {
-			m, err := ss.Recv()
+			m, err := s.recv(ctx, ss, st)
 			if err != nil {
 				recvErr <- err
 				return
@@ -334,6 +351,7 @@ func (s *Server) StreamRateLimitQuotas(ss rlqspb.RateLimitQuotaService_StreamRat
 			select {
 			case reports <- m:
 			case <-done:
+				m.release()
 				return
 			}
 		}
@@ -343,7 +361,10 @@ func (s *Server) StreamRateLimitQuotas(ss rlqspb.RateLimitQuotaService_StreamRat
 	for {
 		select {
 		case m := <-reports:
-			if err := s.report(ctx, ss, st, m); err != nil {
+			release := m.release // m itself is garbage once report has taken it in
+			err := s.report(ctx, ss, st, m)
+			release()
+			if err != nil {
 				return err
 			}
 		case <-tick.C:
@@ -441,7 +462,7 @@ func (s *Server) leave(st *stream) {
 	}
 	wg.Wait()
 	if n := failed.Load(); n > 0 {
-		s.log.Warn("rlqs: could not release shares of an ended stream; they expire with their TTL",
+		s.warn.Warn("leave_failed", "rlqs: could not release shares of an ended stream; they expire with their TTL",
 			"proxy", st.id, "failed", n, "buckets", len(keys), "err", *firstErr.Load())
 	}
 	s.log.Debug("rlqs stream ended", "proxy", st.id, "domain", st.domain, "buckets", len(keys))
@@ -491,7 +512,9 @@ func (s *Server) refuse(st *stream, reason string, code codes.Code, format strin
 }
 
 // report handles one usage report and answers it.
-func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer, st *stream, m *rlqspb.RateLimitQuotaUsageReports) error {
+// Its bytes are given back to the budget (m.release) once it is taken in, before the shares
+// are decided: what a report costs decoded is garbage from then on.
+func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer, st *stream, m budgeted) error {
 	now := s.now()
 	st.mu.Lock()
 	domain := st.domain
@@ -608,6 +631,8 @@ func (s *Server) report(ctx context.Context, ss rlqspb.RateLimitQuotaService_Str
 			keys = append(keys, up.key)
 		}
 	}
+	upds, seen = nil, nil // the report's
+	m.release()
 	return s.decideAll(ctx, ss, st, keys, true, now)
 }
 
@@ -810,15 +835,22 @@ func (s *Server) decide(ctx context.Context, st *stream, key string, force bool,
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	if err != nil {
+		if cerr := ctx.Err(); cerr != nil {
+			// The stream ended (its proxy went away, or rls is stopping) while the store
+			// decided: not the store's failure, and nothing to log above debug.
+			s.log.Debug("rlqs: stream ended while its share was decided", "proxy", st.id, "err", err)
+			return nil, nil, status.FromContextError(cerr).Err()
+		}
 		s.errs.Inc()
 		if !st.failing {
-			s.log.Warn("rlqs: deciding shares failed; proxies keep their assignments until they expire", "err", err)
+			// Once per stream until it recovers, and once per interval of all streams together.
+			s.warn.Warn("store_failed", "rlqs: deciding shares failed; proxies keep their assignments until they expire", "err", err)
 		}
 		st.failing = true
 		return nil, nil, nil
 	}
 	if st.failing {
-		s.log.Info("rlqs: deciding shares again")
+		s.warn.Log(slog.LevelInfo, "store_recovered", "rlqs: deciding shares again")
 		st.failing = false
 	}
 	b.settled, b.decided = d.Settled, now

@@ -106,23 +106,43 @@ func redisInfoInt(t *testing.T, c *goredis.Client, section, field string) int64 
 	return 0
 }
 
-// flood sends requests of 8 descriptors, each on a user never seen before, from 8 callers
-// for dur, while a ninth keeps asking for the victim; it returns the requests sent and those
+// flood sends requests of 8 descriptors, each on a user never seen before (of about 200
+// bytes), from 8 callers for dur and until full says Redis is full or a request failed, while a ninth keeps asking for the victim; it returns the requests sent and those
 // answered UNAVAILABLE.
-func flood(t *testing.T, c rlsv3.RateLimitServiceClient, dur time.Duration) (sent, unavailable int64) {
+func flood(t *testing.T, c rlsv3.RateLimitServiceClient, dur time.Duration, full func() bool) (sent, unavailable int64) {
 	t.Helper()
 	var seq, nsent, nunav atomic.Int64
 	var wg sync.WaitGroup
+	var filled atomic.Bool
+	stop := make(chan struct{})
+	go func() {
+		// Past dur, on until Redis is full (or a request failed), at most 15 s more: a busy
+		// machine may make fewer keys than 2 MB holds in dur.
+		late := time.Now().Add(dur + 15*time.Second)
+		for !filled.Load() && time.Now().Before(late) {
+			filled.Store(nunav.Load() > 0 || full())
+			time.Sleep(100 * time.Millisecond)
+		}
+		close(stop)
+	}()
 	deadline := time.Now().Add(dur)
+	pad := strings.Repeat("p", 200)
 	for w := range 9 {
 		wg.Go(func() {
-			for time.Now().Before(deadline) {
+			for {
+				select {
+				case <-stop:
+					if !time.Now().Before(deadline) {
+						return
+					}
+				default:
+				}
 				var ds []*ratelimitv3.RateLimitDescriptor
 				if w == 8 {
 					ds = oneDesc(d("user", "victim"))
 				} else {
 					for range 8 {
-						ds = append(ds, d("user", "flood-"+strconv.FormatInt(seq.Add(1), 10)))
+						ds = append(ds, d("user", "flood-"+strconv.FormatInt(seq.Add(1), 10)+pad))
 					}
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -139,6 +159,7 @@ func flood(t *testing.T, c rlsv3.RateLimitServiceClient, dur time.Duration) (sen
 		})
 	}
 	wg.Wait()
+	<-stop
 	return nsent.Load(), nunav.Load()
 }
 
@@ -154,11 +175,14 @@ func runMemFlood(t *testing.T, policy string, health time.Duration) (memFlood, *
 	spendVictim(t, c)
 	time.Sleep(health + 200*time.Millisecond) // the epoch known
 	f := memFlood{policy: policy}
-	f.sent, f.unavailable = flood(t, c, 3*time.Second)
+	admin := redisAdmin(t, r.Addr())
+	f.sent, f.unavailable = flood(t, c, 3*time.Second, func() bool {
+		info, _ := admin.Info(context.Background(), "stats").Result()
+		return !strings.Contains(info, "evicted_keys:0\r\n")
+	})
 	time.Sleep(health + 200*time.Millisecond) // a health check after the flood
 	f.victimOK = victimAdmits(t, startRLS(t, nil, args...).client(t))
 	vals := metricValues(t, p.HTTPAddr)
-	admin := redisAdmin(t, r.Addr())
 	f.evicted = redisInfoInt(t, admin, "stats", "evicted_keys")
 	f.keys = admin.DBSize(context.Background()).Val()
 	f.used = redisInfoInt(t, admin, "memory", "used_memory")

@@ -21,9 +21,17 @@ import (
 	"syscall"
 
 	goredis "github.com/redis/go-redis/v9"
+
+	"github.com/rls-project/rls/internal/server/sighup"
 )
 
 func main() {
+	// SIGHUP is caught from the first instants (package sighup's init) so that one sent while rls
+	// starts does not end it; the commands that serve nothing end on it, as a terminal's hangup
+	// asks.
+	if name, _ := commandName(os.Args[1:]); name != "serve" {
+		sighup.Release()
+	}
 	goredis.SetLogger(quietRedisLogger{})
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := exitCode(run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr), os.Stderr)

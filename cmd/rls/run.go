@@ -19,9 +19,8 @@ var (
 // run is the whole program: args without the program name, env as os.Environ returns it. The
 // help asked for (rls -h, rls help, rls CMD --help) is written to stdout and returns nil.
 func run(ctx context.Context, args []string, env []string, stdout, stderr io.Writer) error {
-	name, explicit := "serve", false
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		name, explicit = args[0], true
+	name, explicit := commandName(args)
+	if explicit {
 		args = args[1:]
 	}
 	var err error
@@ -49,6 +48,15 @@ func run(ctx context.Context, args []string, env []string, stdout, stderr io.Wri
 		printOverview(stdout)
 	}
 	return nil
+}
+
+// commandName is the command args ask for: their first argument unless it is a flag (explicit),
+// else serve.
+func commandName(args []string) (name string, explicit bool) {
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		return args[0], true
+	}
+	return "serve", false
 }
 
 // runServe is `rls serve`: it parses and validates the configuration, then serves until ctx ends.

@@ -23,8 +23,10 @@ import (
 )
 
 // Serve runs one server built from c, logging to stderr, until ctx ends (SIGTERM, SIGINT) or a
-// listener fails, then shuts it down: New, Run, Shutdown.
+// listener fails, then shuts it down: New, Run, Shutdown. It sets the process's Go memory limit
+// from c's bounds first, unless GOMEMLIMIT is set (SetMemoryLimit).
 func Serve(ctx context.Context, c Config, stderr io.Writer) error {
+	SetMemoryLimit(c)
 	s, err := New(ctx, c, stderr)
 	if err != nil {
 		return err
@@ -48,6 +50,7 @@ func New(ctx context.Context, c Config, stderr io.Writer) (_ *Server, err error)
 	if err := s.startLogging(stderr); err != nil {
 		return nil, err
 	}
+	s.logMemoryLimit()
 	for _, step := range []func(context.Context) error{
 		s.loadRules, s.startTracing, s.connectBackends, s.buildService, s.watchRules, s.buildGRPC, s.buildHTTP, s.listen,
 	} {
@@ -74,6 +77,7 @@ func (s *Server) startLogging(stderr io.Writer) (err error) {
 
 // loadRules loads the rules the server starts with (none yet with --xds-server).
 func (s *Server) loadRules(context.Context) (err error) {
+	s.earlySIGHUPBeforeLoad()
 	if s.rules, err = s.cfg.initialRules(); err != nil {
 		return fmt.Errorf("loading rules%s: %w", s.cfg.fromRatelimitEnv("config"), err)
 	}
@@ -149,10 +153,16 @@ func (s *Server) watchRules(ctx context.Context) (err error) {
 			return nil
 		}
 	}
-	if err := startReload(s.rctx, c.Reload, path, apply, s.log); err != nil {
+	rulesHUP, err := startReload(s.rctx, c.Reload, path, apply, s.log)
+	if err != nil {
 		return err
 	}
-	return s.callers.watch(s.rctx, c.Reload)
+	policyHUP, err := s.callers.watch(s.rctx, c.Reload)
+	if err != nil {
+		return err
+	}
+	s.earlySIGHUPAfterLoad(rulesHUP, policyHUP)
+	return nil
 }
 
 // buildGRPC builds the gRPC server with every service it serves, and readiness.

@@ -93,10 +93,11 @@ func (cp *callerPolicy) reload() error {
 	return nil
 }
 
-// watch reloads the policy when its file changes and on SIGHUP, as the rules are, until ctx ends.
-func (cp *callerPolicy) watch(ctx context.Context, rc ReloadConfig) error {
+// watch reloads the policy when its file changes and on SIGHUP, as the rules are, until ctx ends;
+// hup reloads it as a SIGHUP does (nil without a policy).
+func (cp *callerPolicy) watch(ctx context.Context, rc ReloadConfig) (hup func(), err error) {
 	if cp == nil {
-		return nil
+		return nil, nil
 	}
 	// The watcher's own lines speak of rules: say which file they are about.
 	return startReload(ctx, rc, cp.path, cp.reload, cp.log.With("file", "caller policy"))

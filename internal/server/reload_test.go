@@ -16,7 +16,7 @@ func TestSIGHUPReloadsEmbeddedRules(t *testing.T) {
 	defer cancel()
 	applied := make(chan struct{}, 10)
 	apply := func() error { applied <- struct{}{}; return nil }
-	if err := startReload(ctx, ReloadConfig{Debounce: time.Hour}, "", apply, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
+	if _, err := startReload(ctx, ReloadConfig{Debounce: time.Hour}, "", apply, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 2 {

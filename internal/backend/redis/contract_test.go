@@ -106,11 +106,14 @@ func TestWireFormat(t *testing.T) {
 	t.Run("undo arguments", func(t *testing.T) {
 		// A multi call of a GCRA key, a key with nothing to undo and a sliding_log key a refund
 		// took hits from at two instants; its reply, then the undo of what it wrote.
+		// A fourth key's refund was given back in the terms of the key's state (100 an hour),
+		// not l's: its undo is in those terms, with no burst to cap it.
 		log := limit.Limit{Rate: 4, Period: time.Minute, Burst: 4, Algorithm: limit.SlidingLog}
-		reqs := []backend.Request{{Limit: l, Cost: 1}, {Limit: l}, {Limit: log, Cost: 3, Refund: true}}
+		reqs := []backend.Request{{Limit: l, Cost: 1}, {Limit: l}, {Limit: log, Cost: 3, Refund: true}, {Limit: l, Cost: 2, Refund: true}}
 		c := newCall(true, reqs...)
-		reply := doublesOf(1, 1, 4, 0, 428572, 1, 5, 0, 0, 1, 4, 0, 0) +
-			doublesOf(5, 0, 428571, 3, 0, 5, 0, 0, 0, 0, 4, 0, 0, 9, 2, 1e6, 1, 2e6, 2)
+		reply := doublesOf(1, 77, 1, 4, 0, 428572, 1, 5, 0, 0, 1, 4, 0, 0, 1, 5, 0, 0) +
+			doublesOf(5, 0, 428571, 3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 4, 0, 0, 9, 0, 0, 2, 1e6, 1, 2e6, 2) +
+			doublesOf(5, 0, -72e6, 0, 100, 3600e6, 0)
 		if err := decodeDecide(reply, c); err != nil {
 			t.Fatal(err)
 		}
@@ -122,12 +125,16 @@ func TestWireFormat(t *testing.T) {
 				keys = append(keys, c.keys[n])
 			}
 		}
-		wantVals := doublesOf(7, 3e6, 5, 428571, 3, 0, 0) + doublesOf(4, 60e6, 4, 0, 9, 1+48, 2, 1e6, 1, 2e6, 2)
+		wantVals := doublesOf(7, 3e6, 5, 428571, 3, 0, 0) + doublesOf(4, 60e6, 4, 0, 9, 1+48, 2, 1e6, 1, 2e6, 2) +
+			doublesOf(100, 3600e6, 1<<33, -72e6, 0, 8, 0)
 		if string(vals) != wantVals {
 			t.Fatalf("undo values %x, want %x", vals, wantVals)
 		}
+		if c.now != 77 {
+			t.Fatalf("the script's instant read as %d, want 77", c.now)
+		}
 		args := plain(undoArgs("sha", 0, keys, vals))
-		want := fmt.Sprint([]any{"evalsha", "sha", 2, "rls:k0", "rls:k2", "u", int64(0), []byte(wantVals)})
+		want := fmt.Sprint([]any{"evalsha", "sha", 3, "rls:k0", "rls:k2", "rls:k3", "u", int64(0), []byte(wantVals)})
 		if fmt.Sprint(args) != want {
 			t.Fatalf("args %v, want %v", args, want)
 		}
@@ -140,30 +147,32 @@ func TestWireFormat(t *testing.T) {
 		reply string
 		want  string // fmt of charged, decisions, check, delta; or the error
 	}{
-		{name: "one key admitted", n: 1, reply: doublesOf(1, 1, 4, 0, 428572),
-			want: "true [{true 4 0s 428.572ms}] [] []"},
-		{name: "two keys, one denied", n: 2, reply: doublesOf(0, 1, 3, 0, 10, 0, 0, 250000, 1e6),
-			want: "false [{true 3 0s 10µs} {false 0 250ms 1s}] [] []"},
-		{name: "multi", multi: true, n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, 0),
-			want: "true [{true 4 0s 428.572ms}] [5 0] [428571 3 0]"},
-		{name: "multi with entries", multi: true, n: 2, reply: doublesOf(1, 1, 4, 0, 428572, 1, 1, 0, 9) +
-			doublesOf(4, 9, 0, 8, 2, 5, 6, 7, 8, 1, 2, 3, 4, 0),
-			want: "true [{true 4 0s 428.572ms} {true 1 0s 9µs}] [4 9 1 2] [0 8 2 5 6 7 8 3 4 0]"},
-		{name: "multi, entries beyond the reply", multi: true, n: 2, reply: doublesOf(1, 1, 4, 0, 428572, 1, 1, 0, 9) +
-			doublesOf(4, 9, 0, 8, 3, 5, 6, 7, 8, 1, 2, 3, 4, 0),
-			want: "script reply: 184 bytes for 2 keys, key 0's delta says 3 entries"},
-		{name: "multi, negative entries", multi: true, n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, -1),
-			want: "script reply: 80 bytes for 1 keys, key 0's delta says -1 entries"},
-		{name: "multi, bytes left over", multi: true, n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, 0, 7),
-			want: "script reply: 88 bytes for 1 keys, 8 more than the deltas say"},
-		{name: "multi, short", multi: true, n: 2, reply: doublesOf(1, 1, 4, 0, 428572, 1, 1, 0, 9, 4, 9, 0, 8, 0),
-			want: "script reply: 112 bytes for 2 keys, want 152"},
-		{name: "short", n: 2, reply: doublesOf(1, 1, 4, 0, 428572),
-			want: "script reply: 40 bytes for 2 keys, want 72"},
+		{name: "one key admitted", n: 1, reply: doublesOf(1, 77, 1, 4, 0, 428572),
+			want: "true 77 [{true 4 0s 428.572ms}] [] []"},
+		{name: "two keys, one denied", n: 2, reply: doublesOf(0, 77, 1, 3, 0, 10, 0, 0, 250000, 1e6),
+			want: "false 77 [{true 3 0s 10µs} {false 0 250ms 1s}] [] []"},
+		{name: "multi", multi: true, n: 1, reply: doublesOf(1, 77, 1, 4, 0, 428572, 5, 0, 428571, 3, 0, 0, 0),
+			want: "true 77 [{true 4 0s 428.572ms}] [5 0] [428571 3 0 0 0]"},
+		{name: "multi in the state's own terms", multi: true, n: 1, reply: doublesOf(1, 77, 1, 4, 0, 428572, 5, 0, -3, 1, 100, 3600e6, 0),
+			want: "true 77 [{true 4 0s 428.572ms}] [5 0] [-3 1 100 3600000000 0]"},
+		{name: "multi with entries", multi: true, n: 2, reply: doublesOf(1, 77, 1, 4, 0, 428572, 1, 1, 0, 9) +
+			doublesOf(4, 9, 0, 8, 0, 0, 2, 5, 6, 7, 8, 1, 2, 3, 4, 0, 0, 0),
+			want: "true 77 [{true 4 0s 428.572ms} {true 1 0s 9µs}] [4 9 1 2] [0 8 0 0 2 5 6 7 8 3 4 0 0 0]"},
+		{name: "multi, entries beyond the reply", multi: true, n: 2, reply: doublesOf(1, 77, 1, 4, 0, 428572, 1, 1, 0, 9) +
+			doublesOf(4, 9, 0, 8, 0, 0, 3, 5, 6, 7, 8, 1, 2, 3, 4, 0, 0, 0),
+			want: "script reply: 224 bytes for 2 keys, key 0's delta says 3 entries"},
+		{name: "multi, negative entries", multi: true, n: 1, reply: doublesOf(1, 77, 1, 4, 0, 428572, 5, 0, 428571, 3, 0, 0, -1),
+			want: "script reply: 104 bytes for 1 keys, key 0's delta says -1 entries"},
+		{name: "multi, bytes left over", multi: true, n: 1, reply: doublesOf(1, 77, 1, 4, 0, 428572, 5, 0, 428571, 3, 0, 0, 0, 7),
+			want: "script reply: 112 bytes for 1 keys, 8 more than the deltas say"},
+		{name: "multi, short", multi: true, n: 2, reply: doublesOf(1, 77, 1, 4, 0, 428572, 1, 1, 0, 9, 4, 9, 0, 8, 0, 0, 0),
+			want: "script reply: 136 bytes for 2 keys, want 192"},
+		{name: "short", n: 2, reply: doublesOf(1, 77, 1, 4, 0, 428572),
+			want: "script reply: 48 bytes for 2 keys, want 80"},
 		{name: "not doubles", n: 1, reply: "OK",
-			want: "script reply: 2 bytes for 1 keys, want 40"},
-		{name: "multi reply for a plain call", n: 1, reply: doublesOf(1, 1, 4, 0, 428572, 5, 0, 428571, 3, 0),
-			want: "script reply: 80 bytes for 1 keys, want 40"},
+			want: "script reply: 2 bytes for 1 keys, want 48"},
+		{name: "multi reply for a plain call", n: 1, reply: doublesOf(1, 77, 1, 4, 0, 428572, 5, 0, 428571, 3, 0, 0, 0),
+			want: "script reply: 104 bytes for 1 keys, want 48"},
 	} {
 		t.Run("reply "+tc.name, func(t *testing.T) {
 			c := &call{multi: tc.multi, keys: make([]string, tc.n)}
@@ -171,7 +180,7 @@ func TestWireFormat(t *testing.T) {
 			if err := decodeDecide(tc.reply, c); err != nil {
 				got = err.Error()
 			} else {
-				got = fmt.Sprint(c.charged, c.dec, c.check, c.delta)
+				got = fmt.Sprint(c.charged, c.now, c.dec, c.check, c.delta)
 			}
 			if got != tc.want {
 				t.Fatalf("got  %s\nwant %s", got, tc.want)
@@ -182,7 +191,7 @@ func TestWireFormat(t *testing.T) {
 	t.Run("merged reply", func(t *testing.T) {
 		a := &call{keys: make([]string, 1)}
 		b := &call{keys: make([]string, 2)}
-		reply := doublesOf(0, 0, 2, 100, 200) + doublesOf(1, 1, 1, 0, 5, 1, 0, 0, 6)
+		reply := doublesOf(0, 77, 0, 2, 100, 200) + doublesOf(1, 77, 1, 1, 0, 5, 1, 0, 0, 6)
 		if err := decodeMerged(reply, []*call{a, b}); err != nil {
 			t.Fatal(err)
 		}

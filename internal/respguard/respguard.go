@@ -16,10 +16,11 @@ import (
 	"syscall"
 )
 
-// The bounds. A client allocates a declared bulk string whole, and an aggregate's slots (16
-// bytes an element for a Go slice of interfaces) before its elements arrive; what completed
-// elements hold was sent, and is as large as what was read. So a connection's reader holds at
-// most MaxBulk + 16·MaxPending bytes more than it has received.
+// The bounds. A client allocates a declared bulk string whole, and an aggregate's slots before
+// its elements arrive (go-redis: 16 bytes an element of a slice, 40 MiB for the table of a map
+// of MaxPending/2 pairs); what completed elements hold was sent, and is about as large as what
+// was read. So a connection's reader holds at most about MaxBulk + 40 MiB more than it has
+// received.
 const (
 	// MaxBulk is the longest bulk string ($), verbatim string (=) or blob error (!) a reply may
 	// declare, in bytes. Redis's own bound on a string value is 512 MB, but a rate-limit

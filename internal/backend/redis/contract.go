@@ -63,11 +63,9 @@ const (
 	// argThreshold and argValues; KEYS are the batches' keys in order.
 	argMerged = 3
 	// undo: per key an undo record, each followed by its entries.
-	argUndo  = 3
-	undoArgc = 3
+	argUndo = 3
 	// give back: per key a give-back record.
-	argGiveBack  = 3
-	giveBackArgc = 3
+	argGiveBack = 3
 )
 
 // Flags (keyFlags, undoFlags): one layout for every operation. Refund and mode matter to a
@@ -428,24 +426,24 @@ func mergedArgs(sha string, now int64, calls []*call) []any {
 // undoArgs returns the EVALSHA arguments that give back what a decide call wrote; vals holds
 // per key an undo record, then the entry records it counts (see appendUndo).
 func undoArgs(sha string, now int64, keys []string, vals []byte) []any {
-	args := make([]any, 0, 6+len(keys))
-	args = append(args, "evalsha", sha, len(keys))
-	for _, k := range keys {
-		args = append(args, k)
-	}
-	argv := [undoArgc]any{argOp - 1: opUndo, argNow - 1: now, argUndo - 1: vals}
-	return append(args, argv[:]...)
+	return recordArgs(sha, opUndo, now, keys, vals)
 }
 
 // giveBackArgs returns the EVALSHA arguments of a give-back call; vals holds per key a
 // give-back record (see appendGiveBack).
 func giveBackArgs(sha string, now int64, keys []string, vals []byte) []any {
+	return recordArgs(sha, opGiveBack, now, keys, vals)
+}
+
+// recordArgs returns the EVALSHA arguments of an operation whose ARGV is its op, its instant
+// and one string of records (argUndo, argGiveBack).
+func recordArgs(sha, op string, now int64, keys []string, vals []byte) []any {
 	args := make([]any, 0, 6+len(keys))
 	args = append(args, "evalsha", sha, len(keys))
 	for _, k := range keys {
 		args = append(args, k)
 	}
-	argv := [giveBackArgc]any{argOp - 1: opGiveBack, argNow - 1: now, argGiveBack - 1: vals}
+	argv := [3]any{argOp - 1: op, argNow - 1: now, 2: vals}
 	return append(args, argv[:]...)
 }
 

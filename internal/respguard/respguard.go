@@ -32,7 +32,7 @@ const (
 	// MaxPending is the most elements the aggregates a reply has opened may still declare
 	// unreceived at once: an array (*), set (~) or push (>) counts its elements, a map (%) or
 	// attribute (|) two a pair, and nested aggregates add up, so that neither one header nor a
-	// chain of them makes the reader allocate more than 16 MiB of slots. The largest aggregates
+	// chain of them makes the reader allocate more than 16 MiB of slots (40 MiB of a map's). The largest aggregates
 	// a rate-limit service reads are the cluster's slot map (at most 16,384 ranges) and a hash
 	// of RLQS proxies (two elements a proxy); 1<<20 is 64 times the first.
 	MaxPending = 1 << 20

@@ -80,10 +80,15 @@ func envInt(name string, def int) int {
 func TestRLQSReportBudget(t *testing.T) {
 	rules := writeRules(t, map[string]string{"rlqs.yaml": rlqsRules})
 	p := startRLS(t, nil, "--rlqs", "--config", rules)
-	streams := envInt("RLQS_STREAMS", 512)
+	streams, scale := envInt("RLQS_STREAMS", 512), 1.0
+	if raceEnabled {
+		// The race detector's shadow memory and its allocator's slack cost several times what
+		// each report does: fewer streams, within a bound scaled alike.
+		streams, scale = 128, 4
+	}
 	const size = 1 << 20
 	report := largeReport(size)
-	const conns = 4
+	const conns = 8 // 64 calls each, within the 100 a connection may carry
 	cs := make([]*grpc.ClientConn, conns)
 	for i := range cs {
 		conn, err := grpc.NewClient(p.GRPCAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -115,10 +120,11 @@ func TestRLQSReportBudget(t *testing.T) {
 			}
 			st := status.Convert(err)
 			end := st.Code().String()
-			for _, flag := range []string{"--rlqs-report-budget-bytes", "--rlqs-max-buckets", "--rlqs-max-total-buckets"} {
-				if strings.Contains(st.Message(), flag) {
-					end += " " + flag
-				}
+			switch msg := st.Message(); {
+			case strings.Contains(msg, "--rlqs-report-budget-bytes"), strings.Contains(msg, "--rlqs-max-total-buckets"):
+				end += " " + msg[strings.Index(msg, "(--")+1:len(msg)-1]
+			case strings.Contains(msg, "buckets on one stream"):
+				end += " --rlqs-max-buckets"
 			}
 			if end == st.Code().String() {
 				end += ": " + st.Message()
@@ -144,7 +150,7 @@ func TestRLQSReportBudget(t *testing.T) {
 	if v := metric(t, p.HTTPAddr, "rls_rlqs_refused_total", `{reason="report_budget"}`); v < 1 {
 		t.Errorf("rls_rlqs_refused_total{reason=\"report_budget\"} %v, want ≥ 1", v)
 	}
-	if bound := rlqsReportBound(streams, size); peak-rss0 > bound {
+	if bound := int64(scale * float64(rlqsReportBound(streams, size))); peak-rss0 > bound {
 		t.Errorf("peak RSS %.1f MB above its %.1f MB before: more than the %.1f MB docs/rlqs.md states", float64(peak)/1e6, float64(rss0)/1e6, float64(bound)/1e6)
 	}
 }
@@ -198,12 +204,10 @@ func TestRLQSChurn(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	t.Logf("churn done after %v", time.Since(stop)+churn)
 	// The streams' ends are taken in (their shares released) within a second or two.
 	for start := time.Now(); metric(t, p.HTTPAddr, "rls_rlqs_streams", "") > 0 && time.Since(start) < 10*time.Second; {
 		time.Sleep(50 * time.Millisecond)
 	}
-	t.Logf("streams ended after %v", time.Since(stop)+churn)
 	errs := metric(t, p.HTTPAddr, "rls_rlqs_store_errors_total", "")
 	warns := 0
 	for _, line := range strings.Split(p.Output(), "\n") {

@@ -287,7 +287,82 @@ func TestSlowSendersLeaveCallersAnswered(t *testing.T) {
 	if goroutinesAfter > baseGoroutines+100 {
 		t.Errorf("goroutines %d after the flood was cancelled, from %d before", goroutinesAfter, baseGoroutines)
 	}
-	if grew := peakRSS - rssBefore; grew > 96<<20 {
-		t.Errorf("peak RSS grew by %.1f MB during the flood", float64(grew)/1e6)
+	// About 24 MB measured without the race detector (1,024 goroutines and what they read);
+	// the race detector shadows every goroutine and allocation several times over (about
+	// 120 MB).
+	var rssBound int64 = 64 << 20
+	if raceEnabled {
+		rssBound = 256 << 20
+	}
+	if grew := peakRSS - rssBefore; grew > rssBound {
+		t.Errorf("peak RSS grew by %.1f MB during the flood, want at most %d MiB", float64(grew)/1e6, rssBound>>20)
+	}
+}
+
+// A connection that sends nothing is closed --grpc-handshake-timeout after it was accepted and
+// counted; gRPC's own default waits 120 s.
+func TestSlowHandshakeClosed(t *testing.T) {
+	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"hard.yaml": svcRules}), "--grpc-handshake-timeout", "300ms")
+	conn, err := net.DialTimeout("tcp", p.GRPCAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.SetReadDeadline(time.Now().Add(20 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	// The server's SETTINGS, then the end of the connection.
+	buf := make([]byte, 4096)
+	for {
+		if _, err := conn.Read(buf); err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				t.Fatal("the connection was still open after 20 s")
+			}
+			break
+		}
+	}
+	waitFor(t, 10*time.Second, func() bool { return metricValues(t, p.HTTPAddr)["rls_grpc_handshake_timeouts_total"] == "1" },
+		func() string {
+			return "rls_grpc_handshake_timeouts_total " + metricValues(t, p.HTTPAddr)["rls_grpc_handshake_timeouts_total"] + ", want 1"
+		})
+	// An ordinary client is not held to it once connected.
+	if _, err := p.client(t).ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "hard", Descriptors: []*ratelimitv3.RateLimitDescriptor{svcDesc("ip", "1")}}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// One source address holds at most --grpc-max-connections-per-source connections: one more is
+// closed as it is accepted and counted, and a place given back is taken again.
+func TestConnectionsPerSource(t *testing.T) {
+	p := startRLS(t, nil, "--config", writeRules(t, map[string]string{"hard.yaml": svcRules}), "--grpc-max-connections-per-source", "2")
+	held := []*h2Conn{dialH2(t, p.GRPCAddr), dialH2(t, p.GRPCAddr)}
+	waitFor(t, 10*time.Second, func() bool { return metricValues(t, p.HTTPAddr)["rls_grpc_connections"] == "2" },
+		func() string {
+			return "rls_grpc_connections " + metricValues(t, p.HTTPAddr)["rls_grpc_connections"] + ", want 2"
+		})
+	conn, err := net.DialTimeout("tcp", p.GRPCAddr, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if err := conn.SetReadDeadline(time.Now().Add(10 * time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := conn.Read(make([]byte, 64)); err == nil {
+		t.Fatalf("a third connection from one address read %d bytes, want it closed", n)
+	} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		t.Fatal("a third connection from one address was left open")
+	}
+	if got := metricValues(t, p.HTTPAddr)["rls_grpc_connections_refused_total"]; got != "1" {
+		t.Fatalf("rls_grpc_connections_refused_total %s, want 1", got)
+	}
+	held[0].closed.Store(true)
+	held[0].conn.Close()
+	waitFor(t, 10*time.Second, func() bool { return metricValues(t, p.HTTPAddr)["rls_grpc_connections"] == "1" },
+		func() string {
+			return "rls_grpc_connections " + metricValues(t, p.HTTPAddr)["rls_grpc_connections"] + ", want 1"
+		})
+	if _, err := p.client(t).ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "hard", Descriptors: []*ratelimitv3.RateLimitDescriptor{svcDesc("ip", "1")}}); err != nil {
+		t.Fatalf("with a place given back: %v", err)
 	}
 }

@@ -237,8 +237,8 @@ func first(s string, n int) string {
 
 // rlqsReportBound is what docs/rlqs.md states reports cost rls at most above its size before,
 // when streams streams each send a report of size bytes at once, on the default budget (2 MiB):
-// 1.8 bytes per byte being read (gRPC reads a report whole, and the codec copies it into one
-// buffer, before rls can count it) and 25 bytes per byte of the budget (decoded).
+// 2 bytes per byte being read (gRPC reads a report whole, in frames, and its codec copies it
+// into one buffer, before rls can count it) and 25 bytes per byte of the budget (decoded).
 func rlqsReportBound(streams, size int) int64 {
-	return int64(1.8*float64(streams)*float64(size)) + 25*(2<<20)
+	return 2*int64(streams)*int64(size) + 25*(2<<20)
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"strconv"
 
 	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/server"
@@ -25,11 +26,8 @@ func rlqsFlags(fs *flag.FlagSet, rc *server.RLQSConfig) {
 		"RLQS: most bytes of the distinct bucket ids of all streams together (each id is kept once); a report that would pass it ends its stream with RESOURCE_EXHAUSTED")
 	fs.IntVar(&rc.MaxProxies, "rlqs-max-proxies-per-bucket", rc.MaxProxies,
 		"RLQS: most proxies (streams, on every replica sharing Redis) one bucket's limit is divided among; one more ends its stream with RESOURCE_EXHAUSTED")
-	if rc.ReportBudget == 0 {
-		rc.ReportBudget = rlqs.DefaultReportBudget
-	}
 	fs.Int64Var(&rc.ReportBudget, "rlqs-report-budget-bytes", rc.ReportBudget,
-		"RLQS: most bytes of usage reports, of all streams together, decoded and taken in at once (a report costs many times its size decoded); a report finding no room within 1s ends its stream with RESOURCE_EXHAUSTED. At least --rlqs-max-report-bytes")
+		"RLQS: most bytes of usage reports, of all streams together, decoded and taken in at once (a report costs many times its size decoded); a report finding no room within 1s ends its stream with RESOURCE_EXHAUSTED. At least --rlqs-max-report-bytes; 0: "+strconv.Itoa(rlqs.DefaultReportBudget)+" (2 MiB)")
 	fs.StringVar(&rc.Domains, "rlqs-domains", rc.Domains,
 		"RLQS: the only domains served, comma-separated (default: every domain); a stream naming another ends with PERMISSION_DENIED")
 	fs.BoolVar(&rc.SubsecondTTLs, "rlqs-testing-subsecond-ttl", rc.SubsecondTTLs,

@@ -111,8 +111,9 @@ func TestRLQSFlood(t *testing.T) {
 	ordinary.check(t, "before the flood")
 	idle := procStatus(t, pid, "VmHWM")
 
-	// Connections enough for the streams (a connection carries up to 1,024 calls).
-	const conns = 4
+	// Connections enough for the streams (a connection carries up to 100 calls,
+	// --grpc-max-concurrent-streams; gRPC's client queues a stream past it).
+	const conns = 8
 	streams := maxStreams + 76
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

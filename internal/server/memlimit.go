@@ -40,10 +40,11 @@ func (c Config) WorstCaseBytes() (int64, bool) {
 		w += int64(c.Redis.LocalCacheSize)*redisCacheKeyBytes + redisLeasesBytes
 	}
 	if r := c.RLQS; r.Enabled {
-		// A stream may hold a report of up to --rlqs-max-report-bytes as gRPC read it, waiting
-		// for room in --rlqs-report-budget-bytes, which bounds the reports being decoded.
-		w += int64(r.MaxStreams)*(rlqsStreamBytes+int64(r.MaxReportBytes)) +
-			cmp.Or(r.ReportBudget, rlqs.DefaultReportBudget) +
+		// docs/rlqs.md's worst case of reports arriving at once: every stream's report of up to
+		// --rlqs-max-report-bytes read by gRPC in frames and copied into one buffer, and 25
+		// times --rlqs-report-budget-bytes decoded; then its streams and buckets.
+		w += int64(r.MaxStreams)*(rlqsStreamBytes+2*int64(r.MaxReportBytes)) +
+			25*cmp.Or(r.ReportBudget, rlqs.DefaultReportBudget) +
 			r.MaxBucketBytes*5/2 + int64(r.MaxTotalBuckets)*rlqsBucketBytes
 	}
 	return w, true

@@ -2,9 +2,7 @@ package main
 
 import (
 	"flag"
-	"strconv"
 
-	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/server"
 )
 
@@ -27,7 +25,7 @@ func rlqsFlags(fs *flag.FlagSet, rc *server.RLQSConfig) {
 	fs.IntVar(&rc.MaxProxies, "rlqs-max-proxies-per-bucket", rc.MaxProxies,
 		"RLQS: most proxies (streams, on every replica sharing Redis) one bucket's limit is divided among; one more ends its stream with RESOURCE_EXHAUSTED")
 	fs.Int64Var(&rc.ReportBudget, "rlqs-report-budget-bytes", rc.ReportBudget,
-		"RLQS: most bytes of usage reports, of all streams together, decoded and taken in at once (a report costs many times its size decoded); a report finding no room within 1s ends its stream with RESOURCE_EXHAUSTED. At least --rlqs-max-report-bytes; 0: "+strconv.Itoa(rlqs.DefaultReportBudget)+" (2 MiB)")
+		"RLQS: most bytes of usage reports, of all streams together, decoded and taken in at once (a report costs many times its size decoded); a report finding no room within 1s ends its stream with RESOURCE_EXHAUSTED. At least --rlqs-max-report-bytes; 0: the default")
 	fs.StringVar(&rc.Domains, "rlqs-domains", rc.Domains,
 		"RLQS: the only domains served, comma-separated (default: every domain); a stream naming another ends with PERMISSION_DENIED")
 	fs.BoolVar(&rc.SubsecondTTLs, "rlqs-testing-subsecond-ttl", rc.SubsecondTTLs,

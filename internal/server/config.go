@@ -165,7 +165,7 @@ func DefaultConfig() Config {
 			MaxReportBytes: 1 << 20, TTL: rlqs.DefaultTTL, Tick: rlqs.DefaultTick,
 			MaxBuckets: rlqs.DefaultMaxBuckets, MaxStreams: rlqs.DefaultMaxStreams,
 			MaxTotalBuckets: rlqs.DefaultMaxTotalBuckets, MaxBucketBytes: rlqs.DefaultMaxBucketBytes,
-			MaxProxies: rlqs.DefaultMaxProxiesPerBucket,
+			MaxProxies: rlqs.DefaultMaxProxiesPerBucket, ReportBudget: rlqs.DefaultReportBudget,
 		},
 		XDS: XDSConfig{NodeID: "default", BackoffInitial: xds.DefaultBackoffInitial, BackoffMax: xds.DefaultBackoffMax},
 

@@ -1,7 +1,6 @@
 package server
 
 import (
-	"cmp"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -43,10 +42,6 @@ func startRLQS(g *grpc.Server, c Config, svc *service.Service, reg prometheus.Re
 	rc := c.RLQS
 	if !rc.Enabled {
 		return nil, nil
-	}
-	if budget := cmp.Or(rc.ReportBudget, rlqs.DefaultReportBudget); budget < int64(rc.MaxReportBytes) {
-		return nil, fmt.Errorf("--rlqs-report-budget-bytes %d: want at least --rlqs-max-report-bytes (%d), or the largest reports are always refused",
-			budget, rc.MaxReportBytes)
 	}
 	var store rlqs.Store
 	if c.Backend == "redis" {

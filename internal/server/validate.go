@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -8,6 +9,7 @@ import (
 	"time"
 
 	redisbackend "github.com/rls-project/rls/internal/backend/redis"
+	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
 )
 
@@ -194,6 +196,11 @@ func (rc RLQSConfig) validate() error {
 		return fmt.Errorf("--rlqs-max-bucket-bytes %d: want at least 1", rc.MaxBucketBytes)
 	case rc.MaxProxies <= 0:
 		return fmt.Errorf("--rlqs-max-proxies-per-bucket %d: want at least 1", rc.MaxProxies)
+	case rc.ReportBudget < 0:
+		return fmt.Errorf("--rlqs-report-budget-bytes %d: want at least --rlqs-max-report-bytes (%d), or 0 for the default", rc.ReportBudget, rc.MaxReportBytes)
+	case cmp.Or(rc.ReportBudget, rlqs.DefaultReportBudget) < int64(rc.MaxReportBytes):
+		return fmt.Errorf("--rlqs-report-budget-bytes %d: want at least --rlqs-max-report-bytes (%d), or the largest reports are always refused",
+			cmp.Or(rc.ReportBudget, rlqs.DefaultReportBudget), rc.MaxReportBytes)
 	}
 	for _, d := range strings.Split(rc.Domains, ",") {
 		if rc.Domains != "" && strings.TrimSpace(d) == "" {

@@ -51,8 +51,10 @@ func New(ctx context.Context, c Config, stderr io.Writer) (_ *Server, err error)
 		return nil, err
 	}
 	s.logMemoryLimit()
+	// The watchers start once everything a reload touches (the service, readiness) is built: a
+	// reload runs on the watcher's goroutine, at once for a SIGHUP that came while rls started.
 	for _, step := range []func(context.Context) error{
-		s.loadRules, s.startTracing, s.connectBackends, s.buildService, s.watchRules, s.buildGRPC, s.buildHTTP, s.listen,
+		s.loadRules, s.startTracing, s.connectBackends, s.buildService, s.buildGRPC, s.buildHTTP, s.watchRules, s.listen,
 	} {
 		if err := step(ctx); err != nil {
 			return nil, err

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/golang-lru/v2/simplelru"
@@ -46,10 +47,12 @@ type newKeyGate struct {
 	lim  limit.Limit
 	seed maphash.Seed
 
-	mu      sync.Mutex
-	cur     []uint64 // written and read
-	prev    []uint64 // read only
-	rotated int64    // unix µs of the last rotation
+	// mu is read-locked by a request whose keys are all marked in cur (the common case: it
+	// reads bits only) and locked by any other, which may rotate, spend and mark.
+	mu      sync.RWMutex
+	cur     []atomic.Uint64 // written and read
+	prev    []atomic.Uint64 // read only
+	rotated int64           // unix µs of the last rotation
 	callers *simplelru.LRU[string, *backend.State]
 }
 
@@ -66,7 +69,7 @@ func newNewKeyGate(max int64, callers int) *newKeyGate {
 		max:  max,
 		lim:  limit.Limit{Rate: max, Period: time.Second, Burst: max},
 		seed: maphash.MakeSeed(),
-		cur:  make([]uint64, newKeyBits/64), prev: make([]uint64, newKeyBits/64),
+		cur:  make([]atomic.Uint64, newKeyBits/64), prev: make([]atomic.Uint64, newKeyBits/64),
 		callers: c,
 	}
 }
@@ -77,15 +80,15 @@ func (g *newKeyGate) hash(key string) uint64 { return maphash.String(g.seed, key
 // bits are the two bit indexes of a key's hash in a bitset.
 func bitsOf(h uint64) (uint64, uint64) { return h & (newKeyBits - 1), (h >> 32) & (newKeyBits - 1) }
 
-func has(set []uint64, h uint64) bool {
+func has(set []atomic.Uint64, h uint64) bool {
 	a, b := bitsOf(h)
-	return set[a/64]&(1<<(a%64)) != 0 && set[b/64]&(1<<(b%64)) != 0
+	return set[a/64].Load()&(1<<(a%64)) != 0 && set[b/64].Load()&(1<<(b%64)) != 0
 }
 
-func mark(set []uint64, h uint64) {
+func mark(set []atomic.Uint64, h uint64) {
 	a, b := bitsOf(h)
-	set[a/64] |= 1 << (a % 64)
-	set[b/64] |= 1 << (b % 64)
+	set[a/64].Or(1 << (a % 64))
+	set[b/64].Or(1 << (b % 64))
 }
 
 // rotate forgets the older bitset when a rotation is due at now (µs); both when two are.
@@ -111,6 +114,15 @@ func (g *newKeyGate) rotate(now int64) {
 // the request may go on, and the caller when it may not. A request let through marks its keys
 // seen; a request whose keys are all seen is always let through.
 func (g *newKeyGate) admit(hashes []uint64, caller func() string, now int64) (ok bool, who string) {
+	g.mu.RLock()
+	seen := g.rotated != 0 && now-g.rotated < newKeyRotation.Microseconds()
+	for i := 0; seen && i < len(hashes); i++ {
+		seen = has(g.cur, hashes[i])
+	}
+	g.mu.RUnlock()
+	if seen {
+		return true, ""
+	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	g.rotate(now)

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/url"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -234,4 +235,27 @@ descriptors:
 	if _, err := svc.ShouldRateLimit(b, req("z")); err != nil {
 		t.Fatalf("another caller: %v", err)
 	}
+}
+
+// TestNewKeyGateConcurrent runs the gate from several goroutines across rotations, for the race
+// detector: seen keys (the read-locked path) beside new ones and rotations (the locked path).
+func TestNewKeyGateConcurrent(t *testing.T) {
+	g := newNewKeyGate(1000, newKeyCallers)
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+	steady := keyHashes(g, "steady", 4)
+	g.admit(steady, named("s"), t0)
+	var wg sync.WaitGroup
+	for w := range 4 {
+		wg.Go(func() {
+			for i := range 2000 {
+				now := t0 + int64(i)*50*time.Millisecond.Microseconds() // 100 s: three rotations
+				if ok, _ := g.admit(steady, named("s"), now); !ok {
+					t.Error("steady keys refused")
+					return
+				}
+				g.admit(keyHashes(g, fmt.Sprint(w, "-", i, "-"), 2), named(fmt.Sprint("w", w)), now)
+			}
+		})
+	}
+	wg.Wait()
 }

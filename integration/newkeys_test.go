@@ -38,6 +38,7 @@ type newKeysFlood struct {
 	firstRefusal        time.Duration
 	steadyOK, steadyBad int64 // requests on an already-seen key during the flood
 	message             string
+	failure             string // the first failed request's error
 }
 
 // floodNewKeys runs rls on the shared Redis with a prefix of its own and args, floods it from
@@ -66,7 +67,7 @@ func floodNewKeys(t *testing.T, args ...string) newKeysFlood {
 	var f newKeysFlood
 	var n atomic.Int64
 	var firstRefusal atomic.Int64
-	var msg atomic.Value
+	var msg, failure atomic.Value
 	start := time.Now()
 	ctx, cancel := context.WithDeadline(context.Background(), start.Add(3*time.Second))
 	defer cancel()
@@ -90,7 +91,9 @@ func floodNewKeys(t *testing.T, args ...string) newKeysFlood {
 						msg.Store(status.Convert(err).Message())
 					}
 				case ctx.Err() == nil:
-					atomic.AddInt64(&f.failed, 1)
+					if atomic.AddInt64(&f.failed, 1) == 1 {
+						failure.Store(err.Error())
+					}
 				}
 			}
 		})
@@ -111,6 +114,7 @@ func floodNewKeys(t *testing.T, args ...string) newKeysFlood {
 	wg.Wait()
 	f.firstRefusal = time.Duration(firstRefusal.Load())
 	f.message, _ = msg.Load().(string)
+	f.failure, _ = failure.Load().(string)
 
 	sctx := ctxT(t)
 	iter := rdb.Scan(sctx, 0, prefix+"*", 1000).Iterator()
@@ -140,15 +144,15 @@ func mustRedisOptions(t *testing.T, url string) *goredis.Options {
 // 200 × 3 + 200 (the burst) keys, while requests on an already-seen key are answered throughout.
 func TestMaxNewKeysPerCaller(t *testing.T) {
 	off := floodNewKeys(t)
-	t.Logf("no bound: %d keys in 3 s (%d requests answered, %d failed)", off.keys, off.ok, off.failed)
+	t.Logf("no bound: %d keys in 3 s (%d requests answered, %d failed: %s)", off.keys, off.ok, off.failed, off.failure)
 	if off.refused != 0 {
 		t.Fatalf("no bound: %d requests refused", off.refused)
 	}
 
 	const max = 200
 	on := floodNewKeys(t, "--max-new-keys-per-caller", fmt.Sprint(max))
-	t.Logf("--max-new-keys-per-caller %d: %d keys in 3 s (%d requests answered, %d refused, %d failed; first refusal after %v); "+
-		"seen key: %d answered OK, %d not", max, on.keys, on.ok, on.refused, on.failed, on.firstRefusal, on.steadyOK, on.steadyBad)
+	t.Logf("--max-new-keys-per-caller %d: %d keys in 3 s (%d requests answered, %d refused, %d failed: %s; first refusal after %v); "+
+		"seen key: %d answered OK, %d not", max, on.keys, on.ok, on.refused, on.failed, on.failure, on.firstRefusal, on.steadyOK, on.steadyBad)
 	if on.refused == 0 || on.firstRefusal > time.Second {
 		t.Fatalf("first refusal after %v (%d refused); want within the first second", on.firstRefusal, on.refused)
 	}

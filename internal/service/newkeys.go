@@ -29,8 +29,8 @@ import (
 // current one written and both read, and every newKeyRotation the older is cleared and becomes
 // the current. The memory is fixed (2 × 1 MiB) whatever the number of keys. A false positive (a
 // new key whose bits are all set by others) only ever lets a key through as seen: the bound is
-// approximate in the caller's favour, by the filter's false-positive rate (its fill squared:
-// about 3% at 840,000 keys a minute, 14,000 a second).
+// approximate in the caller's favour, by the filter's false-positive rate (each bitset's fill
+// squared, for the two: about 2% at 14,000 keys let through a second, 420,000 a bitset).
 //
 // Each caller has a GCRA budget of N new keys a second, burst N, decided by backend.Decide; a
 // request whose new keys the budget cannot take is refused whole, and its keys stay new. Callers

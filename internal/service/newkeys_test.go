@@ -6,6 +6,8 @@ import (
 	"crypto/x509"
 	"fmt"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"sync"
@@ -258,4 +260,35 @@ func TestNewKeyGateConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// TestJSONNewKeys: POST /json callers are told apart by their address, and a caller past its
+// new keys is answered 429 with the reason.
+func TestJSONNewKeys(t *testing.T) {
+	f := newFixture(t, Options{MaxNewKeysPerCaller: 2})
+	h := f.svc.JSONHandler()
+	post := func(addr, value string) *httptest.ResponseRecorder {
+		body := `{"domain":"api","descriptors":[{"entries":[{"key":"key","value":"` + value + `"}]}]}`
+		req := httptest.NewRequest(http.MethodPost, "/json", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.RemoteAddr = addr
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	for _, v := range []string{"a", "b"} {
+		if rec := post("192.0.2.1:1000", v); rec.Code != 200 {
+			t.Fatalf("new key %s: %d %s", v, rec.Code, rec.Body)
+		}
+	}
+	rec := post("192.0.2.1:1001", "c")
+	if want := "caller 192.0.2.1 created more than 2 new keys a second (--max-new-keys-per-caller)"; rec.Code != http.StatusTooManyRequests || !strings.Contains(rec.Body.String(), want) {
+		t.Fatalf("third new key: %d %q; want 429 %q", rec.Code, rec.Body, want)
+	}
+	if rec := post("192.0.2.1:1002", "a"); rec.Code != 200 {
+		t.Fatalf("a seen key: %d %s", rec.Code, rec.Body)
+	}
+	if rec := post("192.0.2.2:1000", "c"); rec.Code != 200 {
+		t.Fatalf("another address: %d %s", rec.Code, rec.Body)
+	}
 }

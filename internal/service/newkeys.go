@@ -46,6 +46,9 @@ type newKeyGate struct {
 	max  int64
 	lim  limit.Limit
 	seed maphash.Seed
+	// start is when the gate was made: its clock is start's wall time plus the monotonic time
+	// since, so that a wall clock set back does not hold the filter from rotating.
+	start time.Time
 
 	// mu is read-locked by a request whose keys are all marked in cur (the common case: it
 	// reads bits only) and locked by any other, which may rotate, spend and mark.
@@ -68,8 +71,8 @@ func newNewKeyGate(max int64, callers int) *newKeyGate {
 	return &newKeyGate{
 		max:  max,
 		lim:  limit.Limit{Rate: max, Period: time.Second, Burst: max},
-		seed: maphash.MakeSeed(),
-		cur:  make([]atomic.Uint64, newKeyBits/64), prev: make([]atomic.Uint64, newKeyBits/64),
+		seed: maphash.MakeSeed(), start: time.Now(),
+		cur: make([]atomic.Uint64, newKeyBits/64), prev: make([]atomic.Uint64, newKeyBits/64),
 		callers: c,
 	}
 }
@@ -173,7 +176,8 @@ func (s *Service) checkNewKeys(ctx context.Context, w *work) error {
 	for k := range w.items {
 		w.hashes = append(w.hashes, g.hash(w.items[k].req.Key))
 	}
-	ok, who := g.admit(w.hashes, func() string { return callerOf(ctx) }, time.Now().UnixMicro())
+	now := g.start.UnixMicro() + time.Since(g.start).Microseconds()
+	ok, who := g.admit(w.hashes, func() string { return callerOf(ctx) }, now)
 	if ok {
 		return nil
 	}

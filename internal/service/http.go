@@ -20,8 +20,8 @@ import (
 
 // JSONHandler serves POST /json: a RateLimitRequest in protojson in, the RateLimitResponse in
 // protojson out, with status 200 when OK, 429 when over the limit, 400 for a bad request, 403 when
-// the caller policy refuses it, 429 (with no body of a response) when its caller created more
-// than --max-new-keys-per-caller new keys a second and 503 when the backend is unavailable.
+// the caller policy refuses it, 429 with the reason when its caller created more than
+// --max-new-keys-per-caller new keys a second, and 503 when the backend is unavailable.
 func (s *Service) JSONHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {

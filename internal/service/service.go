@@ -75,7 +75,7 @@ type Options struct {
 	// decided: an error, which should be a gRPC status (PermissionDenied), is the answer.
 	Authorize func(ctx context.Context, req *rlsv3.RateLimitRequest) error
 	// MaxNewKeysPerCaller bounds the keys one caller may make the backend create a second (keys
-	// this process has not let through in the last minute or so): a request past it is answered
+	// this process has not let through in the last 30–60 s): a request past it is answered
 	// RESOURCE_EXHAUSTED and counted in rls_new_keys_refused_total. See newkeys.go. 0: no bound.
 	MaxNewKeysPerCaller int64
 	// Warnings throttles the warnings a client can cause at will, here a request refused by
@@ -110,8 +110,8 @@ type Service struct {
 	maxJSON      int64
 	overrides    OverridePolicy
 	authorize    func(context.Context, *rlsv3.RateLimitRequest) error
-	newKeys      *newKeyGate // nil: no bound on new keys
-	warn         *logthrottle.Throttle
+	newKeys      *newKeyGate           // nil: no bound on new keys
+	warn         *logthrottle.Throttle // warnings a client can cause; nil without a new-key gate
 
 	mu         sync.Mutex // serializes SetRules
 	generation atomic.Uint64
@@ -145,8 +145,7 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 		return nil, errors.New("service: MaxInflightBytes, MaxJSONBytes and MaxNewKeysPerCaller must be ≥ 0")
 	}
 	s.newKeys = newNewKeyGate(opts.MaxNewKeysPerCaller, newKeyCallers)
-	s.warn = opts.Warnings
-	if s.warn == nil {
+	if s.warn = opts.Warnings; s.warn == nil && s.newKeys != nil {
 		s.warn = logthrottle.New(opts.Logger, DefaultWarningInterval)
 	}
 	s.pool.New = func() any { return new(work) }

@@ -18,4 +18,6 @@ func boundsFlags(fs *flag.FlagSet, b *server.BoundsConfig) {
 		"longest period (unit × multiplier) an override may ask for; longer ones are answered INVALID_ARGUMENT (0: any)")
 	fs.Int64Var(&b.MaxCalls, "grpc-max-calls", b.MaxCalls,
 		"ShouldRateLimit calls open at once over all gRPC connections, each counted from its headers (it may hold up to --max-request-bytes while its message arrives); at the bound a new call takes the place of a call still waiting for its message after a second, which is cancelled (counted in rls_grpc_slow_calls_total, reason evicted), or else is refused UNAVAILABLE and counted in rls_grpc_calls_refused_total (0: no bound)")
+	fs.Int64Var(&b.MaxNewKeysPerCaller, "max-new-keys-per-caller", b.MaxNewKeysPerCaller,
+		"new keys a second (keys this replica has not let through in the last 30–60 s) one caller, by its client certificate's first name or else its IP address (IPv6: its /64), may make the backend create, burst the same; a request past it is refused RESOURCE_EXHAUSTED (POST /json: 429) and counted in rls_new_keys_refused_total. 0: no bound. Untrusted callers: about 100 (see docs/redis.md)")
 }

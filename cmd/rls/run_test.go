@@ -138,6 +138,7 @@ func TestBadValuesExit64(t *testing.T) {
 		{"connections", []string{"--grpc-max-connections", "-1"}, nil, []string{"--grpc-max-connections -1: want 0 (no bound) or more"}},
 		{"connection idle", []string{"--grpc-max-connection-idle", "-1s"}, nil, []string{"--grpc-max-connection-idle -1s: want 0 (never) or more"}},
 		{"calls", []string{"--grpc-max-calls", "-1"}, nil, []string{"--grpc-max-calls -1: want 0 (no bound) or more"}},
+		{"new keys", nil, []string{"RLS_MAX_NEW_KEYS_PER_CALLER=-1"}, []string{"--max-new-keys-per-caller -1: want 0 (no bound) or more"}},
 		{"client CA without a certificate", []string{"--grpc-tls-client-ca", file}, nil, []string{"--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key"}},
 		{"client SAN without a CA", []string{"--grpc-tls-cert", file, "--grpc-tls-key", file, "--grpc-tls-client-san", "x"}, nil, []string{"--grpc-tls-client-san needs --grpc-tls-client-ca"}},
 		{"HTTP timeout", []string{"--http-read-timeout", "0s"}, nil, []string{"--http-read-timeout 0s: must be > 0"}},

@@ -14,6 +14,9 @@ type BoundsConfig struct {
 	Overrides         string        // --overrides: allow, ignore or refuse
 	OverrideMaxPeriod time.Duration // --override-max-period; 0: any
 	MaxCalls          int64         // --grpc-max-calls; 0: no bound
+	// MaxNewKeysPerCaller is --max-new-keys-per-caller: new keys a second one caller may make
+	// the backend create, per replica; 0: no bound.
+	MaxNewKeysPerCaller int64
 }
 
 func (b BoundsConfig) overridePolicy() (service.OverridePolicy, error) {

@@ -131,8 +131,9 @@ func (s *Server) buildService(context.Context) (err error) {
 		Metrics: metrics, Tracer: s.tracing.tracer, DetailedMetricValues: c.DetailedMetricValues,
 		LegacyHeaderNames: c.HeaderNames, ShadowMode: c.ShadowMode, QuotaMode: c.QuotaMode,
 		MaxInflightBytes: c.Bounds.MaxInflightBytes, MaxJSONBytes: int64(c.Bounds.MaxRequestBytes),
-		Overrides: overrides,
-		Authorize: s.callers.authorizer(),
+		Overrides:           overrides,
+		Authorize:           s.callers.authorizer(),
+		MaxNewKeysPerCaller: c.Bounds.MaxNewKeysPerCaller, Warnings: s.warn,
 	})
 	return err
 }

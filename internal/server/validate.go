@@ -162,6 +162,8 @@ func (b BoundsConfig) validate() error {
 		return fmt.Errorf("--override-max-period %v: want ≥ 0", b.OverrideMaxPeriod)
 	case b.MaxCalls < 0:
 		return fmt.Errorf("--grpc-max-calls %d: want 0 (no bound) or more", b.MaxCalls)
+	case b.MaxNewKeysPerCaller < 0:
+		return fmt.Errorf("--max-new-keys-per-caller %d: want 0 (no bound) or more", b.MaxNewKeysPerCaller)
 	}
 	_, err := b.overridePolicy()
 	return err

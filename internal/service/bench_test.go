@@ -16,7 +16,9 @@ import (
 )
 
 // BenchmarkShouldRateLimit measures one decision of a two-descriptor request end to end inside
-// the service (no gRPC), bare, with metrics, and with metrics and tracing.
+// the service (no gRPC), bare, with metrics, with metrics and tracing, and bare with the new-key
+// gate (--max-new-keys-per-caller; the request's keys are seen after the first, as a steady
+// caller's are).
 func BenchmarkShouldRateLimit(b *testing.B) {
 	rs, err := descriptors.Parse(map[string][]byte{"b.yaml": []byte(`
 domain: bench
@@ -37,7 +39,8 @@ descriptors:
 		name    string
 		metrics bool
 		tracing bool
-	}{{"bare", false, false}, {"metrics", true, false}, {"metrics+tracing", true, true}}
+		newKeys bool
+	}{{"bare", false, false, false}, {"metrics", true, false, false}, {"metrics+tracing", true, true, false}, {"bare+newkeys", false, false, true}}
 	for _, v := range variants {
 		b.Run(v.name, func(b *testing.B) {
 			m, _ := backend.NewMemory(backend.MemoryOptions{})
@@ -53,6 +56,9 @@ descriptors:
 				tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter(), sdktrace.WithBatchTimeout(time.Hour)))
 				defer tp.Shutdown(context.Background())
 				opts.Tracer = tp.Tracer("bench")
+			}
+			if v.newKeys {
+				opts.MaxNewKeysPerCaller = 200
 			}
 			svc, err := New(rs, opts)
 			if err != nil {

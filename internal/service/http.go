@@ -2,6 +2,7 @@ package service
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +20,8 @@ import (
 
 // JSONHandler serves POST /json: a RateLimitRequest in protojson in, the RateLimitResponse in
 // protojson out, with status 200 when OK, 429 when over the limit, 400 for a bad request, 403 when
-// the caller policy refuses it and 503 when the backend is unavailable.
+// the caller policy refuses it, 429 with the reason when its caller created more than
+// --max-new-keys-per-caller new keys a second, and 503 when the backend is unavailable.
 func (s *Service) JSONHandler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
@@ -32,7 +34,11 @@ func (s *Service) JSONHandler() http.Handler {
 		if !ok {
 			return
 		}
-		resp, err := s.ShouldRateLimit(r.Context(), req)
+		ctx := r.Context()
+		if s.newKeys != nil {
+			ctx = context.WithValue(ctx, httpPeerKey{}, r.RemoteAddr)
+		}
+		resp, err := s.ShouldRateLimit(ctx, req)
 		if err != nil {
 			code := http.StatusInternalServerError
 			switch status.Code(err) {
@@ -40,6 +46,8 @@ func (s *Service) JSONHandler() http.Handler {
 				code = http.StatusBadRequest
 			case codes.PermissionDenied:
 				code = http.StatusForbidden
+			case codes.ResourceExhausted:
+				code = http.StatusTooManyRequests
 			case codes.Unavailable:
 				code = http.StatusServiceUnavailable
 			}

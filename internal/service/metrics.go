@@ -43,6 +43,7 @@ type Metrics struct {
 	errors     *prometheus.CounterVec
 	overload   prometheus.Counter
 	inflight   prometheus.Counter
+	newKeys    prometheus.Counter
 	loads      *prometheus.CounterVec
 	generation prometheus.Gauge
 	lastLoad   prometheus.Gauge
@@ -102,6 +103,10 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 			Name: "rls_inflight_shed_total",
 			Help: "Requests shed because the requests already in flight held --max-inflight-bytes; answered by the failure mode.",
 		}),
+		newKeys: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "rls_new_keys_refused_total",
+			Help: "Requests refused RESOURCE_EXHAUSTED because their caller created more than --max-new-keys-per-caller new keys a second.",
+		}),
 		loads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "rls_config_loads_total",
 			Help: "Rule set loads by result (success, failure).",
@@ -126,7 +131,7 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 		rules:     map[*descriptors.Limit]*ruleCounters{},
 		detailed:  map[ruleID]*detailedValues{},
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.overload, m.inflight, m.loads, m.generation, m.lastLoad, m.lastOK, m.algorithms} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.overload, m.inflight, m.newKeys, m.loads, m.generation, m.lastLoad, m.lastOK, m.algorithms} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -31,6 +31,7 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/limit"
+	"github.com/rls-project/rls/internal/logthrottle"
 )
 
 // maxCost caps a hits_addend; any cost above a limit's burst is denied anyway. The other bounds
@@ -73,6 +74,13 @@ type Options struct {
 	// Authorize, when set, is asked about every valid request (gRPC and POST /json) before it is
 	// decided: an error, which should be a gRPC status (PermissionDenied), is the answer.
 	Authorize func(ctx context.Context, req *rlsv3.RateLimitRequest) error
+	// MaxNewKeysPerCaller bounds the keys one caller may make the backend create a second (keys
+	// this process has not let through in the last 30–60 s): a request past it is answered
+	// RESOURCE_EXHAUSTED and counted in rls_new_keys_refused_total. See newkeys.go. 0: no bound.
+	MaxNewKeysPerCaller int64
+	// Warnings throttles the warnings a client can cause at will, here a request refused by
+	// MaxNewKeysPerCaller (default: one line a minute per cause on Logger).
+	Warnings *logthrottle.Throttle
 }
 
 // DefaultDetailedMetricValues is the default of Options.DetailedMetricValues.
@@ -102,6 +110,8 @@ type Service struct {
 	maxJSON      int64
 	overrides    OverridePolicy
 	authorize    func(context.Context, *rlsv3.RateLimitRequest) error
+	newKeys      *newKeyGate           // nil: no bound on new keys
+	warn         *logthrottle.Throttle // warnings a client can cause; nil without a new-key gate
 
 	mu         sync.Mutex // serializes SetRules
 	generation atomic.Uint64
@@ -131,8 +141,12 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 		headerNames: opts.LegacyHeaderNames.withDefaults(), shadowAll: opts.ShadowMode, quotaAll: opts.QuotaMode,
 		maxInflight: opts.MaxInflightBytes, maxJSON: cmp.Or(opts.MaxJSONBytes, DefaultMaxRequestBytes),
 		overrides: opts.Overrides}
-	if opts.MaxInflightBytes < 0 || opts.MaxJSONBytes < 0 {
-		return nil, errors.New("service: MaxInflightBytes and MaxJSONBytes must be ≥ 0")
+	if opts.MaxInflightBytes < 0 || opts.MaxJSONBytes < 0 || opts.MaxNewKeysPerCaller < 0 {
+		return nil, errors.New("service: MaxInflightBytes, MaxJSONBytes and MaxNewKeysPerCaller must be ≥ 0")
+	}
+	s.newKeys = newNewKeyGate(opts.MaxNewKeysPerCaller, newKeyCallers)
+	if s.warn = opts.Warnings; s.warn == nil && s.newKeys != nil {
+		s.warn = logthrottle.New(opts.Logger, DefaultWarningInterval)
 	}
 	s.pool.New = func() any { return new(work) }
 	s.authorize = opts.Authorize
@@ -179,7 +193,8 @@ type work struct {
 	// For the local backend under FailLocal.
 	localReqs []backend.Request
 	localOut  []backend.Decision
-	label     []byte // a detailed_metric label being built
+	label     []byte   // a detailed_metric label being built
+	hashes    []uint64 // the items' keys hashed for the new-key gate
 }
 
 // descState is what one request descriptor matched.
@@ -232,6 +247,11 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	s.translate(rs, req, w, false)
 	admitted := true
 	if len(w.items) > 0 {
+		if s.newKeys != nil {
+			if err := s.checkNewKeys(ctx, w); err != nil {
+				return nil, err
+			}
+		}
 		if s.maxInflight > 0 {
 			weight := requestWeight(req)
 			if s.inflight.Add(weight) > s.maxInflight {

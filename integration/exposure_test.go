@@ -285,8 +285,9 @@ func TestGRPCConnectionCap(t *testing.T) {
 			t.Fatalf("connection %d of 2 while a third waits: %v", i+1, err)
 		}
 	}
-	if n := ovlMetric(t, p, "rls_grpc_connections"); n != 2 {
-		t.Errorf("rls_grpc_connections = %v at the cap, want 2", n)
+	// By its whole name: rls_grpc_connections_refused_total shares its prefix.
+	if n := metricValues(t, p.HTTPAddr)["rls_grpc_connections"]; n != "2" {
+		t.Errorf("rls_grpc_connections = %q at the cap, want 2", n)
 	}
 	if !strings.Contains(p.Output(), "gRPC connection cap reached") {
 		t.Errorf("no warning that the cap was reached:\n%s", p.Output())

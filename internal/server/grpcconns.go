@@ -26,14 +26,16 @@ import (
 // A connection must finish its handshake (TLS, then HTTP/2's preface and SETTINGS) within
 // 5 s: a client completes it in a round trip or two; gRPC's own default is 120 s.
 //
-// A connection carries at most 100 calls at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS),
-// which Envoy's pool reads: it opens another connection past it.
+// A connection carries at most 1024 calls at once (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS),
+// as many as --grpc-max-calls allows in all: Envoy's pool opens another connection past it,
+// but a gRPC-Go client queues its calls on the one it has, so a lower bound made a Go caller's
+// calls on healthy keys wait behind those on a failed Redis master until their deadline.
 const (
 	defaultGRPCMaxConnections       = 2048
 	defaultGRPCMaxConnsPerSource    = defaultGRPCMaxConnections / 2
 	defaultGRPCMaxConnectionIdle    = 5 * time.Minute
 	defaultGRPCHandshakeTimeout     = 5 * time.Second
-	defaultGRPCMaxConcurrentStreams = 100
+	defaultGRPCMaxConcurrentStreams = 1024
 )
 
 // connLimits are the bounds limitConns applies.

@@ -225,4 +225,3 @@ func (n *node) pipeline(ctx context.Context, cmds []*goredis.Cmd, asking []bool)
 	}
 	return nil
 }
-

@@ -67,6 +67,7 @@ type clusterFault struct {
 	c       *redistest.Cluster
 	procs   []*rlsProc
 	clients []rlsv3.RateLimitServiceClient
+	diag    *stallDiag
 	masters []string            // at start, sorted
 	keys    map[string][]string // user values by the master serving them at start
 	owner   map[string]string   // user value → its master at start
@@ -85,8 +86,12 @@ func startClusterFault(t *testing.T, opts redistest.ClusterOptions, extra ...str
 	}
 	rules := writeRules(t, map[string]string{"cf.yaml": clusterFaultRules})
 	for range 3 {
-		f.procs = append(f.procs, launchRLS(t, nil, append([]string{"--config", rules, "--backend", "redis",
-			"--redis-url", f.c.URL(), "--redis-key-prefix", cfPrefix}, extra...)...))
+		args := append([]string{"--config", rules, "--backend", "redis",
+			"--redis-url", f.c.URL(), "--redis-key-prefix", cfPrefix}, extra...)
+		if stallDir != "" {
+			args = append(args, "--debug")
+		}
+		f.procs = append(f.procs, launchRLS(t, nil, args...))
 	}
 	for _, p := range f.procs {
 		p.WaitReady(t)
@@ -188,8 +193,10 @@ func (f *clusterFault) load(rate float64, tight, once bool) *cfLoad {
 		defer cancel()
 		a := cfAnswer{replica: replica, value: value, tight: isTight, sent: time.Now()}
 		l.asked.Add(1)
+		f.diag.begin(&a)
 		resp, err := f.clients[replica].ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "cf", Descriptors: oneDesc(d(key, value))})
 		a.recv, a.code, a.overall = time.Now(), status.Code(err), resp.GetOverallCode()
+		f.diag.end(&a)
 		if err != nil {
 			a.msg = status.Convert(err).Message()
 		}
@@ -325,9 +332,11 @@ func clusterMasterFault(t *testing.T, fault string, partial bool) {
 		failed, healthy = f.masters[2], []string{f.masters[0], f.masters[1]}
 	}
 	watch := watchState(f.c, healthy)
+	f.diag = newStallDiag(t.Name(), f.procs, func(a *cfAnswer) bool { return f.owner[a.value] == failed })
 	l := f.load(cfRate, true, false)
 	time.Sleep(800 * time.Millisecond)
 
+	f.diag.traceAll(4)
 	faultAt := time.Now()
 	var contAt time.Time
 	switch fault {
@@ -351,6 +360,7 @@ func clusterMasterFault(t *testing.T, fault string, partial bool) {
 	time.Sleep(time.Until(end))
 	answers := l.stop()
 	downFirst, downLast := watch.stop()
+	f.diag.finish(slices.Clone(answers), faultAt, f.owner, failed)
 	for i, p := range f.procs {
 		select {
 		case <-p.Done():

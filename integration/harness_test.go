@@ -27,7 +27,7 @@ func repoRoot() string {
 // it, and returns its path.
 func rlsBinary(t testing.TB) string {
 	t.Helper()
-	return rlstest.BuildBinary(t, raceEnabled)
+	return rlstest.BuildBinary(t, raceEnabled || os.Getenv("RLS_RACE_BIN") == "1")
 }
 
 // rlsProc is one running rls process.

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/limit"
 )
@@ -317,6 +319,11 @@ type call struct {
 	deltaAt []int              // multi: where each key's delta starts in delta
 	err     error              // the call failed: no reply
 
+	// The arguments of its script call (decideArgs, or mergedArgs when it is the first of a
+	// merged call) and its command, kept for the next.
+	args []any
+	cmd  goredis.Cmd
+
 	// Cluster: the node the call went to, and whether it goes after ASKING (its slot is being
 	// migrated to that node).
 	node   *node
@@ -372,20 +379,21 @@ func (c *call) replyBytes() int {
 	return 8 * n
 }
 
-// decideArgs returns the EVALSHA arguments of c at the instant now (0: Redis TIME).
+// decideArgs returns the EVALSHA arguments of c at the instant now (0: Redis TIME), in c's
+// own buffer: valid until c's next call.
 func decideArgs(sha string, now int64, c *call) []any {
-	args := make([]any, 0, 3+len(c.keys)+5)
-	args = append(args, "evalsha", sha, len(c.keys))
+	args := append(c.args[:0], "evalsha", shaArg(sha), len(c.keys))
 	for i := range c.keys {
 		args = append(args, &c.keys[i])
 	}
-	multi := "0"
+	var multi any = "0" // a constant boxed: no allocation
 	if c.multi {
 		multi = "1"
 	}
 	argv := [decideArgc]any{argOp - 1: opDecide, argNow - 1: now, argThreshold - 1: c.threshold, argMulti - 1: multi,
 		argValues - 1: (*packed)(&c.vals)}
-	return append(args, argv[:]...)
+	c.args = append(args, argv[:]...)
+	return c.args
 }
 
 // Arguments go to go-redis by pointer (*string, *packed): a pointer in an interface costs no
@@ -402,14 +410,14 @@ func (p *packed) MarshalBinary() ([]byte, error) { return *p, nil }
 func (p *packed) String() string { return fmt.Sprintf("%x", []byte(*p)) }
 
 // mergedArgs returns the EVALSHA arguments of one script call that decides calls in order, as
-// they would be one after another. None of them may be multi.
+// they would be one after another, in the first call's buffer: valid until its next call. None
+// of them may be multi.
 func mergedArgs(sha string, now int64, calls []*call) []any {
 	n := 0
 	for _, c := range calls {
 		n += len(c.keys)
 	}
-	args := make([]any, 0, 5+n+2*len(calls))
-	args = append(args, "evalsha", sha, n)
+	args := append(calls[0].args[:0], "evalsha", shaArg(sha), n)
 	for _, c := range calls {
 		for i := range c.keys {
 			args = append(args, &c.keys[i])
@@ -420,6 +428,7 @@ func mergedArgs(sha string, now int64, calls []*call) []any {
 	for _, c := range calls {
 		args = append(args, c.threshold, (*packed)(&c.vals))
 	}
+	calls[0].args = args
 	return args
 }
 

@@ -80,6 +80,10 @@ const (
 	flagAlg       = 16 // + algorithm × flagAlg (limit.Algorithm)
 )
 
+// spanCap is a number of emission intervals more than any burst or cost (both at most 2^32,
+// limit.Validate): a span of more intervals than that (a debt) is not counted exactly.
+const spanCap = 1 << 33
+
 // requestFlags is r's flags.
 func requestFlags(r *backend.Request) int64 {
 	flags := int64(r.Mode) * flagMode
@@ -294,6 +298,9 @@ func luaConstants() string {
 	num("ALG_SLIDING_WINDOW", int64(limit.SlidingWindow))
 	num("ALG_SLIDING_LOG", int64(limit.SlidingLog))
 	num("MAX_TOLERANCE", int64(limit.MaxTolerance/time.Microsecond))
+	num("MAX_WINDOW_CHARGE", limit.MaxWindowCharge)
+	num("MAX_WINDOW_COUNT", limit.MaxWindowCount)
+	num("SPAN_CAP", spanCap)
 	str("DOUBLE_FMT", "<d") // a record's first field alone
 	for _, r := range records {
 		fmt.Fprintf(&b, "local %s_FMT, %s_WORDS, %s_BYTES = %q, %d, %d -- %s\n", r.lua, r.lua, r.lua,
@@ -494,9 +501,9 @@ func (c *call) appendUndo(vals []byte, n int, r *backend.Request) ([]byte, bool)
 	v[undoDeltaUS], v[undoDeltaFrac], v[undoFlags], v[undoEntries] = d[0], d[1], requestFlags(r), m
 	if d[2] > 0 {
 		// A change in the state's own terms: undone in them, as under an overdraft limit of
-		// those terms with no burst to speak of (2^33: more than any), so that nothing caps the
+		// those terms with no burst to speak of (spanCap: more than any), so that nothing caps the
 		// state but MaxTolerance.
-		v[undoRate], v[undoPeriod], v[undoBurst] = d[2], d[3], 1<<33
+		v[undoRate], v[undoPeriod], v[undoBurst] = d[2], d[3], spanCap
 		v[undoFlags] = requestFlags(&backend.Request{Limit: limit.Limit{Overdraft: true, Algorithm: limit.GCRA}})
 	}
 	vals = appendDoubles(vals, v[:]...)

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/limit"
 )
@@ -77,6 +79,10 @@ const (
 	flagOverdraft = 8  // the limit's Overdraft
 	flagAlg       = 16 // + algorithm × flagAlg (limit.Algorithm)
 )
+
+// spanCap is a number of emission intervals more than any burst or cost (both at most 2^32,
+// limit.Validate): a span of more intervals than that (a debt) is not counted exactly.
+const spanCap = 1 << 33
 
 // requestFlags is r's flags.
 func requestFlags(r *backend.Request) int64 {
@@ -292,6 +298,9 @@ func luaConstants() string {
 	num("ALG_SLIDING_WINDOW", int64(limit.SlidingWindow))
 	num("ALG_SLIDING_LOG", int64(limit.SlidingLog))
 	num("MAX_TOLERANCE", int64(limit.MaxTolerance/time.Microsecond))
+	num("MAX_WINDOW_CHARGE", limit.MaxWindowCharge)
+	num("MAX_WINDOW_COUNT", limit.MaxWindowCount)
+	num("SPAN_CAP", spanCap)
 	str("DOUBLE_FMT", "<d") // a record's first field alone
 	for _, r := range records {
 		fmt.Fprintf(&b, "local %s_FMT, %s_WORDS, %s_BYTES = %q, %d, %d -- %s\n", r.lua, r.lua, r.lua,
@@ -316,6 +325,11 @@ type call struct {
 	delta   []int64            // multi: per key µs, frac, rate, period, m, then m sliding_log entries (instant, hits)
 	deltaAt []int              // multi: where each key's delta starts in delta
 	err     error              // the call failed: no reply
+
+	// The arguments of its script call (decideArgs, or mergedArgs when it is the first of a
+	// merged call) and its command, kept for the next.
+	args []any
+	cmd  goredis.Cmd
 
 	// Cluster: the node the call went to, and whether it goes after ASKING (its slot is being
 	// migrated to that node).
@@ -372,20 +386,21 @@ func (c *call) replyBytes() int {
 	return 8 * n
 }
 
-// decideArgs returns the EVALSHA arguments of c at the instant now (0: Redis TIME).
+// decideArgs returns the EVALSHA arguments of c at the instant now (0: Redis TIME), in c's
+// own buffer: valid until c's next call.
 func decideArgs(sha string, now int64, c *call) []any {
-	args := make([]any, 0, 3+len(c.keys)+5)
-	args = append(args, "evalsha", sha, len(c.keys))
+	args := append(c.args[:0], "evalsha", shaArg(sha), len(c.keys))
 	for i := range c.keys {
 		args = append(args, &c.keys[i])
 	}
-	multi := "0"
+	var multi any = "0" // a constant boxed: no allocation
 	if c.multi {
 		multi = "1"
 	}
 	argv := [decideArgc]any{argOp - 1: opDecide, argNow - 1: now, argThreshold - 1: c.threshold, argMulti - 1: multi,
 		argValues - 1: (*packed)(&c.vals)}
-	return append(args, argv[:]...)
+	c.args = append(args, argv[:]...)
+	return c.args
 }
 
 // Arguments go to go-redis by pointer (*string, *packed): a pointer in an interface costs no
@@ -402,14 +417,14 @@ func (p *packed) MarshalBinary() ([]byte, error) { return *p, nil }
 func (p *packed) String() string { return fmt.Sprintf("%x", []byte(*p)) }
 
 // mergedArgs returns the EVALSHA arguments of one script call that decides calls in order, as
-// they would be one after another. None of them may be multi.
+// they would be one after another, in the first call's buffer: valid until its next call. None
+// of them may be multi.
 func mergedArgs(sha string, now int64, calls []*call) []any {
 	n := 0
 	for _, c := range calls {
 		n += len(c.keys)
 	}
-	args := make([]any, 0, 5+n+2*len(calls))
-	args = append(args, "evalsha", sha, n)
+	args := append(calls[0].args[:0], "evalsha", shaArg(sha), n)
 	for _, c := range calls {
 		for i := range c.keys {
 			args = append(args, &c.keys[i])
@@ -420,6 +435,7 @@ func mergedArgs(sha string, now int64, calls []*call) []any {
 	for _, c := range calls {
 		args = append(args, c.threshold, (*packed)(&c.vals))
 	}
+	calls[0].args = args
 	return args
 }
 
@@ -485,9 +501,9 @@ func (c *call) appendUndo(vals []byte, n int, r *backend.Request) ([]byte, bool)
 	v[undoDeltaUS], v[undoDeltaFrac], v[undoFlags], v[undoEntries] = d[0], d[1], requestFlags(r), m
 	if d[2] > 0 {
 		// A change in the state's own terms: undone in them, as under an overdraft limit of
-		// those terms with no burst to speak of (2^33: more than any), so that nothing caps the
+		// those terms with no burst to speak of (spanCap: more than any), so that nothing caps the
 		// state but MaxTolerance.
-		v[undoRate], v[undoPeriod], v[undoBurst] = d[2], d[3], 1<<33
+		v[undoRate], v[undoPeriod], v[undoBurst] = d[2], d[3], spanCap
 		v[undoFlags] = requestFlags(&backend.Request{Limit: limit.Limit{Overdraft: true, Algorithm: limit.GCRA}})
 	}
 	vals = appendDoubles(vals, v[:]...)

@@ -160,8 +160,8 @@ local function current(s, L, now)
     end
     local dus, df = sub(s.tat, s.frac, now, 0, orate)
     local n
-    if dus * orate / operiod > 8589934592 then
-      n = L.burst -- more than 2^33 intervals (a debt): more than any burst
+    if dus * orate / operiod > SPAN_CAP then
+      n = L.burst -- more than SPAN_CAP intervals (a debt): more than any burst
     else
       local O = limit(orate, operiod, 1, false)
       n = count(dus, df, O)
@@ -272,8 +272,8 @@ local function refund(s, L, now, cost)
     if cost > 0 then
       local O = limit(s.rate, s.period, 1, false)
       local dus, df = sub(s.tat, s.frac, now, 0, s.rate)
-      local n = 8589934592 -- more than 2^33 intervals: more than any cost
-      if dus * s.rate / s.period <= 8589934592 then
+      local n = SPAN_CAP -- more than SPAN_CAP intervals: more than any cost
+      if dus * s.rate / s.period <= SPAN_CAP then
         n = count(dus, df, O)
       end
       if cost > n then
@@ -304,8 +304,8 @@ end
 -- The window algorithms, as backend/window.go. A state is {stop (the window's end, or 0),
 -- count, rate, period, alg, prev (the previous window's count), log}; a limit W is {rate,
 -- period, burst, overdraft, alg, start, stop}.
-local MAX_WINDOW_CHARGE = 8589934592 -- 2^33
-local MAX_WINDOW_COUNT = 1099511627776 -- 2^40
+-- (MAX_WINDOW_CHARGE and MAX_WINDOW_COUNT, the bounds of a fixed window's charge and count,
+-- are limit's, rendered from contract.go.)
 
 -- expiry returns the instant from which a window state holds no usage.
 local function expiry(s)

@@ -31,6 +31,21 @@ var scriptSource = scriptCode + "return run(KEYS, ARGV)\n"
 
 var script = goredis.NewScript(scriptSource)
 
+// scriptHash is the script's SHA1, for EVALSHA.
+var scriptHash = script.Hash()
+
+// The script's hash and the library's function name as command arguments: boxed once, where
+// boxing them per call would allocate.
+var scriptHashArg, functionNameArg any = scriptHash, functionName
+
+// shaArg returns sha as a command argument, without allocating when it is scriptHash.
+func shaArg(sha string) any {
+	if sha == scriptHash {
+		return scriptHashArg
+	}
+	return sha
+}
+
 // library returns the script as a library of Redis Functions named name, whose one function,
 // also name, runs a call.
 func library(name string) string {
@@ -56,9 +71,15 @@ var librarySource = library(functionName)
 const libraryRetry = time.Second
 
 func newScriptCmd(args []any) *goredis.Cmd {
-	c := goredis.NewCmd(context.Background(), args...)
-	c.SetFirstKeyPos(3)
-	return c
+	return scriptCmdIn(new(goredis.Cmd), args)
+}
+
+// scriptCmdIn makes dst a new script command of args, as newScriptCmd does, in place: a call
+// keeps its command for the next (see call.cmd). The command must be done with.
+func scriptCmdIn(dst *goredis.Cmd, args []any) *goredis.Cmd {
+	*dst = *goredis.NewCmd(context.Background(), args...)
+	dst.SetFirstKeyPos(3)
+	return dst
 }
 
 // isReply reports whether err is an error reply from Redis rather than a failed round trip.
@@ -82,6 +103,9 @@ var unavailableReplies = []string{
 // redirectReply reports whether err is a Cluster redirect (MOVED, ASK): the call ran nothing; its
 // slot is served by another node.
 func redirectReply(err error) bool {
+	if err == nil {
+		return false // without asking HasErrorPrefix, which allocates
+	}
 	return goredis.HasErrorPrefix(err, "MOVED") || goredis.HasErrorPrefix(err, "ASK")
 }
 

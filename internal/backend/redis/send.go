@@ -20,30 +20,30 @@ func (n *node) sendPipeline(calls []*call, deadline time.Time, lead bool) (ranOu
 		return false
 	}
 	b := n.b
-	ctx, cancel := context.WithDeadline(context.Background(), deadline)
-	defer cancel()
 	if lead {
 		n.leadOnce.Do(n.startLead)
-		if n.leadOK {
-			ctx = context.WithValue(ctx, leadKey{}, true)
-		}
 	}
-	var cmds []*goredis.Cmd
-	var asking []bool
+	ctx := newSendCtx(deadline, lead && n.leadOK)
+	defer ctx.release()
+	cmds, asking := ctx.cmds, ctx.asking
 	now := b.nowArg()
 	merged := b.merge && !b.cluster && len(calls) > 1
 	if merged {
-		cmds = append(cmds, newScriptCmd(mergedArgs(script.Hash(), now, calls)))
+		cmds = append(cmds, scriptCmdIn(&calls[0].cmd, mergedArgs(scriptHash, now, calls)))
 	} else {
 		for _, c := range calls {
-			cmds = append(cmds, newScriptCmd(decideArgs(script.Hash(), now, c)))
+			cmds = append(cmds, scriptCmdIn(&c.cmd, decideArgs(scriptHash, now, c)))
 			if c.asking {
-				if asking == nil {
-					asking = make([]bool, len(calls))
+				if len(asking) == 0 {
+					asking = append(asking, make([]bool, len(calls))...)
 				}
 				asking[len(cmds)-1] = true
 			}
 		}
+	}
+	ctx.cmds, ctx.asking = cmds, asking
+	if len(asking) == 0 {
+		asking = nil
 	}
 	err := n.exec(ctx, cmds, asking)
 	if lead && err != nil && !time.Now().Before(deadline) {
@@ -143,7 +143,7 @@ func (n *node) exec(ctx context.Context, cmds []*goredis.Cmd, asking []bool) err
 	if fcall {
 		for _, c := range cmds {
 			a := c.Args()
-			a[0], a[1] = "fcall", functionName
+			a[0], a[1] = "fcall", functionNameArg
 		}
 	}
 	if err := n.pipeline(ctx, cmds, asking); err != nil {

@@ -102,9 +102,9 @@ type Service struct {
 	pool         sync.Pool // *work
 	detailedMax  int
 	headerNames  LegacyHeaderNames
-	shadowAll    bool     // every rule in shadow mode
-	quotaAll     bool     // every rule in quota mode
-	errLog       errorLog // backend errors other than unavailability
+	shadowAll    bool                  // every rule in shadow mode
+	quotaAll     bool                  // every rule in quota mode
+	errLog       *logthrottle.Throttle // backend errors other than unavailability
 	maxInflight  int64
 	inflight     atomic.Int64 // requestWeight of the requests being decided
 	maxJSON      int64
@@ -145,6 +145,7 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 		return nil, errors.New("service: MaxInflightBytes, MaxJSONBytes and MaxNewKeysPerCaller must be ≥ 0")
 	}
 	s.newKeys = newNewKeyGate(opts.MaxNewKeysPerCaller, newKeyCallers)
+	s.errLog = logthrottle.New(opts.Logger, backendErrorInterval)
 	if s.warn = opts.Warnings; s.warn == nil && s.newKeys != nil {
 		s.warn = logthrottle.New(opts.Logger, DefaultWarningInterval)
 	}

@@ -6,8 +6,9 @@ import (
 	"sync"
 	"time"
 
-	"github.com/rls-project/rls/internal/limit"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/rls-project/rls/internal/limit"
 )
 
 // locations holds the time zones loaded so far, by name: a zone loads once per process, and

@@ -4,12 +4,12 @@ import (
 	"context"
 	"fmt"
 	"math"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/limit"
+	"github.com/rls-project/rls/internal/statekey"
 )
 
 // LocalTier is an optional first tier in this process: a GCRA bucket per descriptor, decided by
@@ -106,10 +106,10 @@ func (l *local) decide(descs []Descriptor, n uint32) (Decision, bool, error) {
 		}
 		w.limits = append(w.limits, ll)
 		w.reqs = append(w.reqs, backend.Request{Limit: g, Cost: cost})
-		w.key = appendField(w.key, l.domain)
+		w.key = statekey.AppendField(w.key, l.domain)
 		for _, e := range d {
-			w.key = appendField(w.key, e.Key)
-			w.key = appendField(w.key, e.Value)
+			w.key = statekey.AppendField(w.key, e.Key)
+			w.key = statekey.AppendField(w.key, e.Value)
 		}
 		w.ends = append(w.ends, len(w.key))
 	}
@@ -138,10 +138,4 @@ func (l *local) decide(descs []Descriptor, n uint32) (Decision, bool, error) {
 	}
 	d.decide(false)
 	return d, true, nil
-}
-
-func appendField(b []byte, s string) []byte {
-	b = strconv.AppendInt(b, int64(len(s)), 10)
-	b = append(b, ':')
-	return append(b, s...)
 }

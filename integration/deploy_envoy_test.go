@@ -158,6 +158,7 @@ func (e *edgeProxy) routeRateLimits(t *testing.T, path string) []*routev3.RateLi
 		if !matched {
 			continue
 		}
+		//lint:ignore SA1019 a route that still sets the deprecated include_vh_rate_limits is one the model refuses
 		if r.GetRoute() == nil || len(r.GetTypedPerFilterConfig()) > 0 || r.GetRoute().GetIncludeVhRateLimits().GetValue() {
 			t.Fatalf("envoy.yaml: route %q: only a plain route action is modelled", r.GetName())
 		}

@@ -52,9 +52,9 @@ func over(descs []client.Descriptor) (client.Decision, error) {
 		Limit: client.Limit{Name: "one", Requests: 1, Window: time.Hour}}), nil
 }
 
-// calls makes a unary Check and a streaming Watch (its first message), and returns the status
-// and header metadata of each.
-func calls(t *testing.T, hc healthpb.HealthClient) (unary, stream error, uh, sh metadata.MD) {
+// calls makes a unary Check and a streaming Watch (its first message), and returns the header
+// metadata and the status of each.
+func calls(t *testing.T, hc healthpb.HealthClient) (uh, sh metadata.MD, unary, stream error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(withKey("k"), 10*time.Second)
 	defer cancel()
@@ -65,7 +65,7 @@ func calls(t *testing.T, hc healthpb.HealthClient) (unary, stream error, uh, sh 
 	}
 	_, stream = w.Recv()
 	sh, _ = w.Header()
-	return unary, stream, uh, sh
+	return uh, sh, unary, stream
 }
 
 // TestMethods: Options.Methods chooses each method's descriptors, the full method name before
@@ -115,7 +115,7 @@ func TestMethods(t *testing.T) {
 // and gets the method.
 func TestDeny(t *testing.T) {
 	p := &player{answer: over}
-	unary, stream, uh, sh := calls(t, serve(t, grpclimit.New(p.checker(), grpclimit.Options{}, grpclimit.By(grpclimit.Method()))))
+	uh, sh, unary, stream := calls(t, serve(t, grpclimit.New(p.checker(), grpclimit.Options{}, grpclimit.By(grpclimit.Method()))))
 	for name, c := range map[string]struct {
 		err error
 		hdr metadata.MD
@@ -159,7 +159,7 @@ func TestDeny(t *testing.T) {
 			}
 			return status.Errorf(codes.PermissionDenied, "%s over %s", d.Descriptor, d.Limit.Name)
 		}}, grpclimit.By(grpclimit.Metadata("x-api-key", "api_key")))
-	unary, stream, uh, sh = calls(t, serve(t, lim))
+	uh, sh, unary, stream = calls(t, serve(t, lim))
 	if st := status.Convert(unary); st.Code() != codes.PermissionDenied || st.Message() != "api_key=k over one" {
 		t.Errorf("unary with Options.Deny: %v", unary)
 	}
@@ -209,7 +209,7 @@ func TestFailure(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			p := &player{answer: tc.answer}
 			lim := grpclimit.New(p.checker(), grpclimit.Options{Error: tc.onError}, grpclimit.By(grpclimit.Method()))
-			unary, stream, _, _ := calls(t, serve(t, lim))
+			_, _, unary, stream := calls(t, serve(t, lim))
 			for name, err := range map[string]error{"unary": unary, "stream": stream} {
 				if status.Code(err) != tc.want {
 					t.Errorf("%s: %v, want %v", name, err, tc.want)

@@ -1,6 +1,7 @@
 package descriptors
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -81,7 +82,7 @@ func TestAlgorithmErrors(t *testing.T) {
 		{"unknown timezone", "domain: a\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: month\n      requests_per_unit: 10\n      algorithm: fixed_window\n      timezone: Mars/Olympus\n",
 			`a.yaml:8: domain "a": descriptor k: timezone "Mars/Olympus": not a known IANA time zone name`},
 		{"sliding_log above its bound", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: hour, requests_per_unit: 1001, algorithm: sliding_log}\n",
-			`a.yaml:4: domain "a": descriptor k: invalid limit: sliding_log keeps one entry per admitted request: rate 1001 above 1000`},
+			`a.yaml:4: domain "a": descriptor k: requests_per_unit 1001 is above 1000: sliding_log keeps one entry per admitted request`},
 		{"sliding_window too large", "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: year, unit_multiplier: 10, requests_per_unit: 4000000000, algorithm: sliding_window}\n",
 			`a.yaml:4: domain "a": descriptor k: invalid limit: sliding_window rate 4000000000 × period`},
 		{"in rate_limits", "domain: a\ndescriptors:\n  - key: k\n    rate_limits:\n      - {unit: second, requests_per_unit: 1}\n      - {unit: day, requests_per_unit: 1, algorithm: sliding_log, overdraft: true}\n",
@@ -119,5 +120,18 @@ descriptors:
 				t.Errorf("Overdraft %v, key %s: %+v, want overdraft %v", on, key, r, want)
 			}
 		}
+	}
+}
+
+// TestWindowBurstAsTheRate: a window algorithm's burst is its requests_per_unit, which
+// limit.Validate decides: a burst equal to it loads, any other is refused.
+func TestWindowBurstAsTheRate(t *testing.T) {
+	file := "domain: a\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window, burst: %d}\n"
+	if _, err := Parse(map[string][]byte{"a.yaml": []byte(fmt.Sprintf(file, 10))}); err != nil {
+		t.Fatalf("burst equal to requests_per_unit: %v", err)
+	}
+	want := `a.yaml:4: domain "a": descriptor k: burst applies to algorithm gcra only: fixed_window admits the rate, 10, per window, not 0`
+	if _, err := Parse(map[string][]byte{"a.yaml": []byte(fmt.Sprintf(file, 0))}); err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("burst 0: got %v, want %q", err, want)
 	}
 }

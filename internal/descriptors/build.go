@@ -1,17 +1,15 @@
 package descriptors
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
-	"io"
-	"regexp"
 	"slices"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/rls-project/rls/internal/limit"
+	"github.com/rls-project/rls/internal/yamlnode"
 )
 
 // builder builds a RuleSet from rule files, one file at a time, recording every error with its
@@ -27,6 +25,8 @@ type builder struct {
 	visits, budget int
 	overBudget     bool
 	metadata       map[*yaml.Node]decodedMetadata // by mapping
+	// dec walks the file's mappings: aliases and merge keys followed, within the budget.
+	dec yamlnode.Decoder
 	// merged holds, with Options.MergeDomains, each domain's descriptors from every file that
 	// defines it, built once all files are read; nil otherwise.
 	merged map[string]*mergedDomain
@@ -45,48 +45,30 @@ func (b *builder) errorf(line int, format string, args ...any) {
 	b.errs = append(b.errs, errors.New(prefix+fmt.Sprintf(format, args...)))
 }
 
-var yamlLine = regexp.MustCompile(`^(?:yaml: )?line (\d+): (.*)$`)
-
-// yamlError turns one of yaml's messages into "file:line: message".
-func (b *builder) yamlError(msg string) {
-	if m := yamlLine.FindStringSubmatch(msg); m != nil {
-		b.errs = append(b.errs, fmt.Errorf("%s:%s: %s", b.name, m[1], m[2]))
-		return
-	}
-	b.errs = append(b.errs, fmt.Errorf("%s: %s", b.name, strings.TrimPrefix(msg, "yaml: ")))
-}
-
 func (b *builder) file(name string, data []byte) {
 	b.name, b.domain = name, ""
 	b.visits, b.budget, b.overBudget, b.metadata = 0, len(data)+10000, false, nil
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var root yaml.Node
-	if err := dec.Decode(&root); err != nil {
-		if errors.Is(err, io.EOF) {
+	b.dec = yamlnode.Decoder{Errorf: b.rawf, Aliases: true, Spend: b.spend}
+	doc, second, errs := yamlnode.Read(data)
+	for _, err := range errs {
+		b.errs = append(b.errs, yamlnode.FileError(b.name, err))
+	}
+	if second > 0 {
+		b.errorf(second, "a second YAML document: a rule file holds one domain (put each in its own file)")
+	}
+	if doc == nil {
+		if len(errs) == 0 {
 			b.errorf(1, "empty rule file: want a domain and descriptors")
-		} else {
-			b.yamlError(err.Error())
 		}
 		return
 	}
-	var next yaml.Node
-	switch err := dec.Decode(&next); {
-	case err == nil && len(next.Content) > 0 && !isNull(next.Content[0]):
-		b.errorf(next.Content[0].Line, "a second YAML document: a rule file holds one domain (put each in its own file)")
-	case err != nil && !errors.Is(err, io.EOF):
-		b.yamlError(err.Error())
-	}
-	if len(root.Content) == 0 || isNull(root.Content[0]) {
-		b.errorf(1, "empty rule file: want a domain and descriptors")
-		return
-	}
-	doc := deref(root.Content[0])
+	doc = yamlnode.Deref(doc)
 	if doc.Kind != yaml.MappingNode {
-		b.errorf(doc.Line, "a rule file must be a mapping with a domain and descriptors, not %s", kindOf(doc))
+		b.errorf(doc.Line, "a rule file must be a mapping with a domain and descriptors, not %s", b.dec.KindOf(doc))
 		return
 	}
 	var list *yaml.Node
-	b.mapping(doc, "RuleFile", ruleFileFields, func(field int, k, v *yaml.Node) {
+	b.dec.Mapping(doc, "RuleFile", ruleFileFields, func(field int, k, v *yaml.Node) {
 		switch ruleFileFields[field] {
 		case "domain":
 			b.domain = b.str(v, "domain")
@@ -178,16 +160,16 @@ func (b *builder) level(list *yaml.Node, share []string, path string, info *Doma
 // returns the list's items, and where it stands in words for errors; nil for an empty or
 // invalid list (an error recorded).
 func (b *builder) levelList(list *yaml.Node, depth int, path string) (seq *yaml.Node, where string) {
-	if isNull(list) {
+	if yamlnode.IsNull(list) {
 		return nil, ""
 	}
 	where = "at the top level"
 	if path != "" {
 		where = "under " + strings.TrimSuffix(path, "/")
 	}
-	seq = deref(list)
+	seq = yamlnode.Deref(list)
 	if seq.Kind != yaml.SequenceNode {
-		b.errorf(list.Line, "descriptors %s must be a list, not %s", where, kindOf(seq))
+		b.errorf(list.Line, "descriptors %s must be a list, not %s", where, b.dec.KindOf(seq))
 		return nil, ""
 	}
 	if len(seq.Content) == 0 {
@@ -203,13 +185,13 @@ func (b *builder) levelList(list *yaml.Node, depth int, path string) (seq *yaml.
 // item decodes and checks the descriptor #i+1 of a list: its mapping node, what it holds, and
 // its path (path, the key, and =value when it has one). A nil node means an error was recorded.
 func (b *builder) item(item *yaml.Node, i int, where, path string) (*yaml.Node, rawDescriptor, string) {
-	n := deref(item)
-	if isNull(n) {
+	n := yamlnode.Deref(item)
+	if yamlnode.IsNull(n) {
 		b.errorf(item.Line, "descriptor #%d %s is empty (null)", i+1, where)
 		return nil, rawDescriptor{}, ""
 	}
 	if n.Kind != yaml.MappingNode {
-		b.errorf(item.Line, "descriptor #%d %s must be a mapping, not %s", i+1, where, kindOf(n))
+		b.errorf(item.Line, "descriptor #%d %s must be a mapping, not %s", i+1, where, b.dec.KindOf(n))
 		return nil, rawDescriptor{}, ""
 	}
 	d := b.descriptor(n)
@@ -297,9 +279,9 @@ func (b *builder) rule(d *rawDescriptor, path string, share []string, info *Doma
 	case d.limit != nil:
 		limitNodes = []*yaml.Node{d.limit}
 	case d.limits != nil:
-		seq := deref(d.limits)
+		seq := yamlnode.Deref(d.limits)
 		if seq.Kind != yaml.SequenceNode {
-			b.errorf(d.limits.Line, "descriptor %s: rate_limits must be a list, not %s", path, kindOf(seq))
+			b.errorf(d.limits.Line, "descriptor %s: rate_limits must be a list, not %s", path, b.dec.KindOf(seq))
 			return nil
 		}
 		if len(seq.Content) == 0 {
@@ -331,16 +313,16 @@ func (b *builder) rule(d *rawDescriptor, path string, share []string, info *Doma
 		if len(limitNodes) > 1 {
 			where += fmt.Sprintf(": rate_limits[%d]", i)
 		}
-		ln := deref(item)
-		if isNull(ln) {
+		ln := yamlnode.Deref(item)
+		if yamlnode.IsNull(ln) {
 			b.errorf(item.Line, "descriptor %s: rate_limits[%d] is empty (null)", path, i)
 			continue
 		}
 		if ln.Kind != yaml.MappingNode {
 			if d.limit != nil {
-				b.errorf(item.Line, "%s: rate_limit must be a mapping, not %s", where, kindOf(ln))
+				b.errorf(item.Line, "%s: rate_limit must be a mapping, not %s", where, b.dec.KindOf(ln))
 			} else {
-				b.errorf(item.Line, "descriptor %s: rate_limits[%d] must be a mapping, not %s", path, i, kindOf(ln))
+				b.errorf(item.Line, "descriptor %s: rate_limits[%d] must be a mapping, not %s", path, i, b.dec.KindOf(ln))
 			}
 			continue
 		}

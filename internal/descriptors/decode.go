@@ -5,13 +5,13 @@ import (
 	"fmt"
 	"math"
 	"reflect"
-	"slices"
 	"strconv"
 	"strings"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/rls-project/rls/api"
+	"github.com/rls-project/rls/internal/yamlnode"
 )
 
 // A rule file is parsed once into a yaml.Node tree and decoded from it by hand, not by
@@ -66,9 +66,6 @@ func valueSize(v any) int {
 	return n
 }
 
-// maxMergeDepth bounds merge keys ("<<") that merge mappings that merge again.
-const maxMergeDepth = 8
-
 // rawDescriptor is a descriptor mapping decoded but for its children and limits, which are
 // built later from their nodes (Descriptors, RateLimit and RateLimits stay unset).
 type rawDescriptor struct {
@@ -107,99 +104,11 @@ func (b *builder) rawf(line int, format string, args ...any) {
 	b.errs = append(b.errs, fmt.Errorf("%s:%d: %s", b.name, line, fmt.Sprintf(format, args...)))
 }
 
-// deref follows an alias to the node its anchor names.
-func deref(n *yaml.Node) *yaml.Node {
-	for i := 0; n != nil && n.Kind == yaml.AliasNode && i < 8; i++ {
-		n = n.Alias
-	}
-	return n
-}
-
-// isNull reports whether n is absent or a null scalar (~, null or nothing).
-func isNull(n *yaml.Node) bool {
-	n = deref(n)
-	return n == nil || n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
-}
-
-// kindOf names what n is, for errors.
-func kindOf(n *yaml.Node) string {
-	switch n = deref(n); {
-	case n == nil:
-		return "nothing"
-	case n.Kind == yaml.SequenceNode:
-		return "a list"
-	case n.Kind == yaml.MappingNode:
-		return "a mapping"
-	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null":
-		return "null"
-	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str":
-		return strconv.Quote(n.Value)
-	case n.Kind == yaml.ScalarNode:
-		return n.Value
-	}
-	return "an unsupported node"
-}
-
-// mapping calls f with the index in known of each key of mapping n and its value, following
-// merge keys ("<<") as yaml does: a key set in n wins over a merged one, and of several merged
-// mappings the first wins. Unknown and repeated keys are reported in typ's name.
-func (b *builder) mapping(n *yaml.Node, typ string, known []string, f func(field int, key, val *yaml.Node)) {
-	var seen uint64
-	b.mappingFrom(n, typ, known, f, &seen, 0)
-}
-
-func (b *builder) mappingFrom(n *yaml.Node, typ string, known []string, f func(int, *yaml.Node, *yaml.Node), seen *uint64, depth int) {
-	if !b.spend(n, len(n.Content)/2+1) {
-		return
-	}
-	var merges []*yaml.Node
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		if k.Kind == yaml.ScalarNode && k.Value == "<<" && k.ShortTag() == "!!merge" {
-			merges = append(merges, v)
-			continue
-		}
-		if k = deref(k); k.Kind != yaml.ScalarNode {
-			b.rawf(k.Line, "a key in %s must be a string, not %s", typ, kindOf(k))
-			continue
-		}
-		j := slices.Index(known, k.Value)
-		switch {
-		case j < 0:
-			b.rawf(k.Line, "unknown key %s in %s", k.Value, typ)
-		case *seen&(1<<j) != 0:
-			if depth == 0 {
-				b.rawf(k.Line, "key %s set twice in %s", k.Value, typ)
-			}
-		default:
-			*seen |= 1 << j
-			f(j, k, v)
-		}
-	}
-	for _, m := range merges {
-		if depth >= maxMergeDepth {
-			b.rawf(m.Line, "merge keys (<<) nested deeper than %d", maxMergeDepth)
-			return
-		}
-		items := []*yaml.Node{m}
-		if d := deref(m); d.Kind == yaml.SequenceNode {
-			items = d.Content
-		}
-		for _, it := range items {
-			if d := deref(it); d.Kind == yaml.MappingNode {
-				b.mappingFrom(d, typ, known, f, seen, depth+1)
-			} else {
-				b.rawf(it.Line, "a merge (<<) needs a mapping or a list of mappings, not %s", kindOf(it))
-			}
-		}
-	}
-}
-
 // str decodes a string; null is "".
 func (b *builder) str(v *yaml.Node, name string) string {
-	n := deref(v)
+	n := yamlnode.Deref(v)
 	if n.Kind != yaml.ScalarNode {
-		b.errorf(v.Line, "%s must be a string, not %s", name, kindOf(n))
+		b.errorf(v.Line, "%s must be a string, not %s", name, b.dec.KindOf(n))
 		return ""
 	}
 	switch n.ShortTag() {
@@ -218,11 +127,11 @@ func (b *builder) str(v *yaml.Node, name string) string {
 // boolean decodes true or false (and yaml 1.1's yes, no, on and off, as yaml does for booleans).
 func (b *builder) boolean(v *yaml.Node, name string) bool {
 	var x bool
-	if isNull(v) {
+	if yamlnode.IsNull(v) {
 		return false
 	}
-	if n := deref(v); n.Kind != yaml.ScalarNode || n.Decode(&x) != nil {
-		b.errorf(v.Line, "%s must be true or false, not %s", name, kindOf(v))
+	if n := yamlnode.Deref(v); n.Kind != yaml.ScalarNode || n.Decode(&x) != nil {
+		b.errorf(v.Line, "%s must be true or false, not %s", name, b.dec.KindOf(v))
 	}
 	return x
 }
@@ -230,12 +139,12 @@ func (b *builder) boolean(v *yaml.Node, name string) bool {
 // count parses a whole number from 0 to 2³²-1. A null or absent value is unset (set false).
 // A float with no fraction (100.0, 1e3) is accepted as the whole number it is.
 func count(v *yaml.Node) (n uint32, set bool, err error) {
-	if isNull(v) {
+	if yamlnode.IsNull(v) {
 		return 0, false, nil
 	}
-	s := deref(v)
+	s := yamlnode.Deref(v)
 	if s.Kind != yaml.ScalarNode {
-		return 0, true, fmt.Errorf("must be a whole number, not %s", kindOf(s))
+		return 0, true, fmt.Errorf("must be a whole number, not %s", yamlnode.KindOf(s))
 	}
 	plain := strings.ReplaceAll(s.Value, "_", "")
 	switch s.ShortTag() {
@@ -264,28 +173,28 @@ func count(v *yaml.Node) (n uint32, set bool, err error) {
 		}
 		return uint32(f), true, nil
 	}
-	return 0, true, fmt.Errorf("must be a whole number, not %s", kindOf(s))
+	return 0, true, fmt.Errorf("must be a whole number, not %s", yamlnode.KindOf(s))
 }
 
 // descriptor decodes one descriptor mapping.
 func (b *builder) descriptor(n *yaml.Node) rawDescriptor {
 	d := rawDescriptor{node: n}
-	b.mapping(n, "Descriptor", descriptorFields, func(field int, k, v *yaml.Node) {
+	b.dec.Mapping(n, "Descriptor", descriptorFields, func(field int, k, v *yaml.Node) {
 		switch descriptorFields[field] {
 		case "key":
 			d.Key = b.str(v, "key")
 		case "value":
 			d.Value = b.str(v, "value")
 		case "rate_limit":
-			if !isNull(v) {
+			if !yamlnode.IsNull(v) {
 				d.limit = v
 			}
 		case "rate_limits":
-			if !isNull(v) {
+			if !yamlnode.IsNull(v) {
 				d.limits = v
 			}
 		case "descriptors":
-			if !isNull(v) {
+			if !yamlnode.IsNull(v) {
 				d.children = v
 			}
 		case "shadow_mode":
@@ -299,16 +208,16 @@ func (b *builder) descriptor(n *yaml.Node) rawDescriptor {
 		case "share_threshold":
 			d.ShareThreshold = b.boolean(v, "share_threshold")
 		case "metadata":
-			if isNull(v) {
+			if yamlnode.IsNull(v) {
 				return
 			}
-			if deref(v).Kind != yaml.MappingNode {
-				b.errorf(k.Line, "metadata must be a mapping, not %s", kindOf(v))
+			if yamlnode.Deref(v).Kind != yaml.MappingNode {
+				b.errorf(k.Line, "metadata must be a mapping, not %s", b.dec.KindOf(v))
 				return
 			}
 			// Decoded once per mapping, however many aliases reach it (rules only read it), and
 			// charged by its size at each use, since each rule checks it.
-			m := deref(v)
+			m := yamlnode.Deref(v)
 			md, ok := b.metadata[m]
 			if !ok {
 				if err := m.Decode(&md.value); err != nil {
@@ -335,7 +244,7 @@ func (b *builder) descriptor(n *yaml.Node) rawDescriptor {
 // limit decodes one rate_limit mapping.
 func (b *builder) limit(n *yaml.Node) rawLimit {
 	l := rawLimit{node: n}
-	b.mapping(n, "RateLimit", rateLimitFields, func(field int, k, v *yaml.Node) {
+	b.dec.Mapping(n, "RateLimit", rateLimitFields, func(field int, k, v *yaml.Node) {
 		switch rateLimitFields[field] {
 		case "unit":
 			l.Unit = b.str(v, "unit")
@@ -346,12 +255,12 @@ func (b *builder) limit(n *yaml.Node) rawLimit {
 		case "name":
 			l.Name = b.str(v, "name")
 		case "replaces":
-			if isNull(v) {
+			if yamlnode.IsNull(v) {
 				return
 			}
-			list := deref(v)
+			list := yamlnode.Deref(v)
 			if list.Kind != yaml.SequenceNode {
-				b.errorf(v.Line, "replaces must be a list, not %s", kindOf(v))
+				b.errorf(v.Line, "replaces must be a list, not %s", b.dec.KindOf(v))
 				return
 			}
 			if !b.spend(v, len(list.Content)) {
@@ -359,16 +268,16 @@ func (b *builder) limit(n *yaml.Node) rawLimit {
 			}
 			for _, it := range list.Content {
 				var r api.Replace
-				if m := deref(it); m.Kind == yaml.MappingNode {
-					b.mapping(m, "Replace", replaceFields, func(field int, k, v *yaml.Node) {
+				if m := yamlnode.Deref(it); m.Kind == yaml.MappingNode {
+					b.dec.Mapping(m, "Replace", replaceFields, func(field int, k, v *yaml.Node) {
 						if replaceFields[field] == "name" {
 							r.Name = b.str(v, "name")
 						} else {
 							b.undecoded(k, "Replace")
 						}
 					})
-				} else if !isNull(m) {
-					b.errorf(it.Line, "replaces: an entry must be a mapping with a name, not %s", kindOf(m))
+				} else if !yamlnode.IsNull(m) {
+					b.errorf(it.Line, "replaces: an entry must be a mapping with a name, not %s", b.dec.KindOf(m))
 					continue
 				}
 				l.Replaces = append(l.Replaces, r)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/internal/limit"
+	"github.com/rls-project/rls/internal/statekey"
 )
 
 // singularTag is the KeyTag of a rule's singular rate_limit: the "#0" its keys have always
@@ -21,7 +22,7 @@ const singularTag = "0"
 // none is "0" (singularTag) or begins with "o" (an override's key, see service.appendOverrideKey).
 func listTag(l *Limit) string {
 	if l.Name != "" {
-		return "n" + strconv.Itoa(len(l.Name)) + ":" + l.Name
+		return string(statekey.AppendField([]byte{'n'}, l.Name))
 	}
 	b := make([]byte, 0, 32)
 	b = append(b, 'p')

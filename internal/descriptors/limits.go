@@ -1,9 +1,12 @@
 package descriptors
 
 import (
+	"errors"
 	"strings"
 	"sync"
 	"time"
+
+	"go.yaml.in/yaml/v3"
 
 	"github.com/rls-project/rls/internal/limit"
 )
@@ -64,46 +67,13 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 		b.errorf(lineOf(ln, "unit"), "%s: unit %q: want second, minute, hour, day, week, month or year", where, rl.Unit)
 		return Limit{}, false
 	}
-	if multSet && mult == 0 {
-		b.errorf(lineOf(ln, "unit_multiplier"), "%s: unit_multiplier must be > 0", where)
-		return Limit{}, false
-	}
-	if longest := int64(limit.MaxTolerance / time.Second); unit.Seconds()*int64(max(mult, 1)) > longest {
-		b.errorf(lineOf(ln, "unit_multiplier"), "%s: unit_multiplier %d: a period of %d %ss is longer than the longest supported, %d days",
-			where, mult, mult, unit, longest/86400)
-		return Limit{}, false
-	}
-	if burstSet && burst == 0 && perUnit > 0 {
-		b.errorf(lineOf(ln, "burst"), "%s: burst must be > 0 (requests_per_unit: 0 denies every request)", where)
-		return Limit{}, false
-	}
 	alg, ok := limit.ParseAlgorithm(rl.Algorithm)
 	if !ok {
 		b.errorf(lineOf(ln, "algorithm"), "%s: algorithm %q: want one of %s", where, rl.Algorithm, strings.Join(limit.Algorithms, ", "))
 		return Limit{}, false
 	}
-	if alg != limit.GCRA {
-		if burstSet {
-			b.errorf(lineOf(ln, "burst"), "%s: burst applies to algorithm gcra only: %v admits requests_per_unit per window", where, alg)
-			return Limit{}, false
-		}
-		burst = perUnit
-	}
-	if rl.Overdraft && alg != limit.GCRA && alg != limit.FixedWindow {
-		b.errorf(lineOf(ln, "overdraft"), "%s: overdraft applies to algorithms gcra and fixed_window, not %v: it charges hits that went over, which %v cannot hold",
-			where, alg, alg)
-		return Limit{}, false
-	}
 	var loc *time.Location
 	if rl.Timezone != "" {
-		switch {
-		case alg != limit.FixedWindow:
-			b.errorf(lineOf(ln, "timezone"), "%s: timezone applies to algorithm fixed_window only", where)
-			return Limit{}, false
-		case unit != limit.Day && unit != limit.Week && unit != limit.Month && unit != limit.Year:
-			b.errorf(lineOf(ln, "timezone"), "%s: timezone applies to units day, week, month and year, not %s", where, unit)
-			return Limit{}, false
-		}
 		var lerr error
 		if loc, lerr = loadLocation(rl.Timezone); lerr != nil || rl.Timezone == "Local" {
 			b.errorf(lineOf(ln, "timezone"), "%s: timezone %q: not a known IANA time zone name", where, rl.Timezone)
@@ -111,15 +81,30 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 		}
 	}
 	lim := NewLimit(rl.Name, perUnit, unit, mult, burst)
-	lim.Spec.Overdraft = rl.Overdraft || (b.overdraft && (alg == limit.GCRA || alg == limit.FixedWindow))
+	// NewLimit reads 0 as unset: hand Validate an explicit 0 as the file wrote it.
+	if multSet && mult == 0 {
+		lim.Spec.Period = 0
+	}
+	if burstSet && burst == 0 {
+		lim.Burst, lim.Spec.Burst = 0, 0
+	}
+	lim.Spec.Overdraft = rl.Overdraft || (b.overdraft && alg.Overdraws())
 	lim.Spec.Algorithm = alg
+	lim.Timezone = rl.Timezone
+	// Validate decides. A timezone is handed to it as written (a calendar window of the unit in
+	// that zone, whatever the algorithm), and only a valid one is then aligned as it is decided.
+	if loc != nil {
+		lim.Spec.Window = limit.Window{Calendar: unit, Every: int64(lim.UnitMultiplier), Location: loc}
+	}
+	if err := lim.Spec.Validate(); err != nil {
+		if !multSet {
+			mult = 1
+		}
+		b.invalid(ln, where, unit, mult, err)
+		return Limit{}, false
+	}
 	if alg == limit.FixedWindow {
 		lim.Spec.Window = windowOf(unit, lim.UnitMultiplier, loc)
-	}
-	lim.Timezone = rl.Timezone
-	if err := lim.Spec.Validate(); err != nil {
-		b.errorf(ln.Line, "%s: %v", where, err)
-		return Limit{}, false
 	}
 	for _, rep := range rl.Replaces {
 		switch {
@@ -132,4 +117,26 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 		}
 	}
 	return lim, true
+}
+
+// invalid records Validate's refusal of a limit at the line of the field the rule file wrote
+// it with, in the file's words: unit_multiplier mult of unit for the period.
+func (b *builder) invalid(ln *yaml.Node, where string, unit limit.Unit, mult uint32, err error) {
+	var e *limit.Error
+	if !errors.As(err, &e) || e.Field == limit.NoField {
+		b.errorf(ln.Line, "%s: %v", where, err)
+		return
+	}
+	key := map[limit.Field]string{
+		limit.RateField: "requests_per_unit", limit.PeriodField: "unit_multiplier", limit.BurstField: "burst",
+		limit.OverdraftField: "overdraft", limit.AlgorithmField: "algorithm", limit.WindowField: "timezone",
+	}[e.Field]
+	switch {
+	case e.Field == limit.PeriodField:
+		b.errorf(lineOf(ln, key), "%s: unit_multiplier %d: a period of %d %ss %s", where, mult, mult, unit, e.Reason)
+	case e.Value != "":
+		b.errorf(lineOf(ln, key), "%s: %s %s %s", where, key, e.Value, e.Reason)
+	default:
+		b.errorf(lineOf(ln, key), "%s: %s %s", where, key, e.Reason)
+	}
 }

@@ -1,6 +1,10 @@
 package descriptors
 
-import "go.yaml.in/yaml/v3"
+import (
+	"go.yaml.in/yaml/v3"
+
+	"github.com/rls-project/rls/internal/yamlnode"
+)
 
 // mergedDomain is one domain's top-level descriptors gathered from several files.
 type mergedDomain struct {
@@ -20,12 +24,12 @@ func (b *builder) mergeFile(name string, size int, list *yaml.Node) {
 	}
 	md.files = append(md.files, name)
 	md.size += size
-	if isNull(list) {
+	if yamlnode.IsNull(list) {
 		return
 	}
-	seq := deref(list)
+	seq := yamlnode.Deref(list)
 	if seq.Kind != yaml.SequenceNode {
-		b.errorf(list.Line, "descriptors at the top level must be a list, not %s", kindOf(seq))
+		b.errorf(list.Line, "descriptors at the top level must be a list, not %s", b.dec.KindOf(seq))
 		return
 	}
 	if b.itemFile == nil {

@@ -52,3 +52,7 @@ func ParseAlgorithm(s string) (Algorithm, bool) {
 // GCRA's; 600 µs at 10,000, enough for one busy key to take most of a Redis. Rates above it
 // are what sliding_window, fixed_window and GCRA are for.
 const MaxLogRate = 1_000
+
+// Overdraws reports whether a limit of algorithm a can hold an overdraft: GCRA and FixedWindow
+// can, the sliding algorithms cannot repay a charge that went over.
+func (a Algorithm) Overdraws() bool { return a == GCRA || a == FixedWindow }

@@ -32,37 +32,47 @@ type Limit struct {
 // ErrInvalid is returned, wrapped, for a limit that cannot be decided exactly.
 var ErrInvalid = errors.New("invalid limit")
 
-// Validate reports whether l can be decided.
+// Validate reports whether l can be decided. Its refusals are *Error, naming the field at
+// fault: the rule files' loader and the service point their users at what they wrote from it.
 func (l Limit) Validate() error {
 	if l.Algorithm != GCRA {
 		return l.validateWindow()
 	}
 	if l.Window != (Window{}) {
-		return fmt.Errorf("%w: a window alignment applies to fixed_window only", ErrInvalid)
+		return &Error{Field: WindowField, Reason: "applies to algorithm fixed_window only, not gcra"}
+	}
+	if err := l.validateRatePeriod(); err != nil || l.Rate == 0 {
+		return err
 	}
 	switch {
-	case l.Rate < 0:
-		return fmt.Errorf("%w: rate %d < 0", ErrInvalid, l.Rate)
-	case l.Rate > 1<<32:
-		return fmt.Errorf("%w: rate %d too large", ErrInvalid, l.Rate)
-	case l.Period < time.Microsecond || l.Period%time.Microsecond != 0:
-		return fmt.Errorf("%w: period %v must be a positive whole number of microseconds", ErrInvalid, l.Period)
-	case l.Period > MaxTolerance:
-		return fmt.Errorf("%w: period %v longer than %v", ErrInvalid, l.Period, MaxTolerance)
-	case l.Rate == 0:
-		return nil
 	case l.Burst <= 0:
-		return fmt.Errorf("%w: burst %d must be > 0", ErrInvalid, l.Burst)
+		return &Error{Field: BurstField, Value: fmt.Sprint(l.Burst), Reason: "must be > 0"}
 	case l.Burst > 1<<32:
-		return fmt.Errorf("%w: burst %d too large", ErrInvalid, l.Burst)
+		return &Error{Field: BurstField, Value: fmt.Sprint(l.Burst), Reason: "is above 2^32"}
 	}
 	hi, lo := bits.Mul64(uint64(l.Burst), uint64(l.Period/time.Microsecond))
-	if hi >= uint64(l.Rate) {
-		return fmt.Errorf("%w: burst %d × period %v / rate %d exceeds %v", ErrInvalid, l.Burst, l.Period, l.Rate, MaxTolerance)
+	if hi < uint64(l.Rate) {
+		if q, _ := bits.Div64(hi, lo, uint64(l.Rate)); q <= uint64(MaxTolerance/time.Microsecond) {
+			return nil
+		}
 	}
-	q, _ := bits.Div64(hi, lo, uint64(l.Rate))
-	if q > uint64(MaxTolerance/time.Microsecond) {
-		return fmt.Errorf("%w: burst %d × period %v / rate %d exceeds %v", ErrInvalid, l.Burst, l.Period, l.Rate, MaxTolerance)
+	return &Error{Reason: fmt.Sprintf("burst %d × period %v / rate %d exceeds %v", l.Burst, l.Period, l.Rate, MaxTolerance)}
+}
+
+// validateRatePeriod checks what every algorithm asks of Rate and Period.
+func (l Limit) validateRatePeriod() error {
+	switch {
+	case l.Rate < 0:
+		return &Error{Field: RateField, Value: fmt.Sprint(l.Rate), Reason: "must not be negative"}
+	case l.Rate > 1<<32:
+		return &Error{Field: RateField, Value: fmt.Sprint(l.Rate), Reason: "is above 2^32"}
+	case l.Period <= 0:
+		return &Error{Field: PeriodField, Value: l.Period.String(), Reason: "must be > 0"}
+	case l.Period%time.Microsecond != 0:
+		return &Error{Field: PeriodField, Value: l.Period.String(), Reason: "must be a whole number of microseconds"}
+	case l.Period > MaxTolerance:
+		return &Error{Field: PeriodField, Value: l.Period.String(),
+			Reason: fmt.Sprintf("is longer than the longest supported, %d days", MaxTolerance/(24*time.Hour))}
 	}
 	return nil
 }
@@ -102,44 +112,42 @@ func (l Limit) maxOverdraftCharge() int64 {
 }
 
 func (l Limit) validateWindow() error {
+	if l.Algorithm > SlidingLog {
+		return &Error{Field: AlgorithmField, Value: fmt.Sprint(uint8(l.Algorithm)), Reason: "is not known"}
+	}
+	if err := l.validateRatePeriod(); err != nil {
+		return err
+	}
 	switch {
-	case l.Algorithm > SlidingLog:
-		return fmt.Errorf("%w: unknown algorithm %d", ErrInvalid, l.Algorithm)
-	case l.Rate < 0 || l.Rate > 1<<32:
-		return fmt.Errorf("%w: rate %d outside [0, 2^32]", ErrInvalid, l.Rate)
-	case l.Period < time.Microsecond || l.Period%time.Microsecond != 0:
-		return fmt.Errorf("%w: period %v must be a positive whole number of microseconds", ErrInvalid, l.Period)
-	case l.Period > MaxTolerance:
-		return fmt.Errorf("%w: period %v longer than %v", ErrInvalid, l.Period, MaxTolerance)
 	case l.Rate > 0 && l.Burst != l.Rate:
-		return fmt.Errorf("%w: %v admits rate %d per window: burst %d must equal it", ErrInvalid, l.Algorithm, l.Rate, l.Burst)
-	case l.Overdraft && l.Algorithm != FixedWindow:
-		return fmt.Errorf("%w: overdraft needs gcra or fixed_window, not %v (a charge that goes over cannot be repaid by a %s)",
-			ErrInvalid, l.Algorithm, map[Algorithm]string{SlidingWindow: "weighted estimate", SlidingLog: "log of admitted hits"}[l.Algorithm])
+		return &Error{Field: BurstField, Reason: fmt.Sprintf("applies to algorithm gcra only: %v admits the rate, %d, per window, not %d", l.Algorithm, l.Rate, l.Burst)}
+	case l.Overdraft && !l.Algorithm.Overdraws():
+		return &Error{Field: OverdraftField, Reason: fmt.Sprintf("applies to algorithms gcra and fixed_window, not %v: a charge that goes over cannot be repaid by a %s",
+			l.Algorithm, map[Algorithm]string{SlidingWindow: "weighted estimate", SlidingLog: "log of admitted hits"}[l.Algorithm])}
 	case l.Window != (Window{}) && l.Algorithm != FixedWindow:
-		return fmt.Errorf("%w: calendar windows and timezones apply to fixed_window only, not %v", ErrInvalid, l.Algorithm)
+		return &Error{Field: WindowField, Reason: fmt.Sprintf("applies to algorithm fixed_window only, not %v", l.Algorithm)}
 	}
 	w := l.Window
 	switch {
 	case w.Calendar != NoCalendar && w.Calendar != Day && w.Calendar != Week && w.Calendar != Month && w.Calendar != Year:
-		return fmt.Errorf("%w: calendar windows of unit %v: want day, week, month or year", ErrInvalid, w.Calendar)
+		return &Error{Field: WindowField, Reason: fmt.Sprintf("applies to units day, week, month and year, not %v", w.Calendar)}
 	case w.Calendar != NoCalendar && (w.Every < 1 || w.Every > 100*365):
-		return fmt.Errorf("%w: calendar windows of %d units", ErrInvalid, w.Every)
+		return &Error{Field: WindowField, Reason: fmt.Sprintf("of %d %ss: want 1 to %d", w.Every, w.Calendar, 100*365)}
 	case w.Calendar == NoCalendar && (w.Location != nil || w.Every != 0):
-		return fmt.Errorf("%w: a location or a count of units without a calendar unit", ErrInvalid)
+		return &Error{Field: WindowField, Reason: "has a location or a count of units but no calendar unit"}
 	}
 	switch l.Algorithm {
 	case SlidingWindow:
 		if l.Period%time.Millisecond != 0 {
-			return fmt.Errorf("%w: sliding_window period %v must be a whole number of milliseconds", ErrInvalid, l.Period)
+			return &Error{Field: PeriodField, Value: l.Period.String(), Reason: "must be a whole number of milliseconds under sliding_window"}
 		}
 		if ms := int64(l.Period / time.Millisecond); l.Rate > 0 && ms > (1<<52)/l.Rate {
-			return fmt.Errorf("%w: sliding_window rate %d × period %v in milliseconds exceeds 2^52", ErrInvalid, l.Rate, l.Period)
+			return &Error{Reason: fmt.Sprintf("sliding_window rate %d × period %v in milliseconds exceeds 2^52", l.Rate, l.Period)}
 		}
 	case SlidingLog:
 		if l.Rate > MaxLogRate {
-			return fmt.Errorf("%w: sliding_log keeps one entry per admitted request: rate %d above %d (16 bytes each, %d KB a key at most): use sliding_window or gcra",
-				ErrInvalid, l.Rate, MaxLogRate, 16*MaxLogRate/1000)
+			return &Error{Field: RateField, Value: fmt.Sprint(l.Rate), Reason: fmt.Sprintf("is above %d: sliding_log keeps one entry per admitted request (16 bytes each, %d KB a key at most): use sliding_window or gcra",
+				MaxLogRate, 16*MaxLogRate/1000)}
 		}
 	}
 	return nil

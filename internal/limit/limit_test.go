@@ -114,3 +114,28 @@ func TestValidate(t *testing.T) {
 func perMinute(alg Algorithm, rate int64) Limit {
 	return Limit{Rate: rate, Period: time.Minute, Burst: rate, Algorithm: alg}
 }
+
+// TestValidateNamesTheField: each refusal names the field at fault, which the rule files'
+// loader turns into the line and the words of what its user wrote.
+func TestValidateNamesTheField(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		l    Limit
+		want Field
+	}{
+		{"zero period", Limit{Rate: 1, Burst: 1}, PeriodField},
+		{"period too long", Limit{Rate: 1, Burst: 1, Period: MaxTolerance + time.Second}, PeriodField},
+		{"zero burst", Limit{Rate: 1, Period: time.Minute}, BurstField},
+		{"burst on a window", Limit{Rate: 10, Burst: 5, Period: time.Minute, Algorithm: FixedWindow}, BurstField},
+		{"overdraft on a sliding log", Limit{Rate: 10, Burst: 10, Period: time.Minute, Algorithm: SlidingLog, Overdraft: true}, OverdraftField},
+		{"calendar on GCRA", Limit{Rate: 10, Burst: 10, Period: time.Hour, Window: Window{Calendar: Month, Every: 1}}, WindowField},
+		{"calendar of minutes", Limit{Rate: 10, Burst: 10, Period: time.Minute, Algorithm: FixedWindow, Window: Window{Calendar: Minute, Every: 1}}, WindowField},
+		{"sliding log above its bound", perMinute(SlidingLog, MaxLogRate+1), RateField},
+		{"tolerance too long", Limit{Rate: 1, Period: 365 * 24 * time.Hour, Burst: 1000}, NoField},
+	} {
+		var e *Error
+		if err := tc.l.Validate(); !errors.As(err, &e) || e.Field != tc.want || !errors.Is(err, ErrInvalid) {
+			t.Errorf("%s: Validate() = %v, want an *Error of field %q", tc.name, err, tc.want)
+		}
+	}
+}

@@ -1,7 +1,6 @@
 package policy
 
 import (
-	"bytes"
 	"crypto/x509"
 	"errors"
 	"fmt"
@@ -14,6 +13,8 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"go.yaml.in/yaml/v3"
+
+	"github.com/rls-project/rls/internal/yamlnode"
 )
 
 // MaxFileBytes bounds a policy file: one is a few lines per caller.
@@ -96,6 +97,7 @@ func Load(path string) (*Policy, error) {
 // Every error found is returned, joined.
 func Parse(name string, data []byte) (*Policy, error) {
 	p := &parser{name: name}
+	p.dec = yamlnode.Decoder{Errorf: p.errorf, Format: "a caller policy"}
 	pol := p.parse(data)
 	if len(p.errs) > 0 {
 		return nil, errors.Join(p.errs...)
@@ -106,6 +108,7 @@ func Parse(name string, data []byte) (*Policy, error) {
 type parser struct {
 	name string
 	errs []error
+	dec  yamlnode.Decoder // anchors, aliases and merge keys refused
 }
 
 func (p *parser) errorf(line int, format string, args ...any) {
@@ -118,54 +121,45 @@ var (
 )
 
 func (p *parser) parse(data []byte) *Policy {
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	var root yaml.Node
-	if err := dec.Decode(&root); err != nil {
-		if errors.Is(err, io.EOF) {
+	doc, second, errs := yamlnode.Read(data)
+	for _, err := range errs {
+		p.errs = append(p.errs, yamlnode.FileError(p.name, err))
+	}
+	if second > 0 {
+		p.errorf(second, "a second YAML document: a caller policy is one")
+	}
+	if doc == nil {
+		if len(errs) == 0 {
 			p.errorf(1, "empty caller policy: want callers, default or both")
-		} else {
-			p.yamlError(err)
 		}
 		return nil
 	}
-	var next yaml.Node
-	switch err := dec.Decode(&next); {
-	case err == nil && len(next.Content) > 0 && !isNull(next.Content[0]):
-		p.errorf(next.Content[0].Line, "a second YAML document: a caller policy is one")
-	case !errors.Is(err, io.EOF):
-		p.yamlError(err)
-	}
-	if len(root.Content) == 0 || isNull(root.Content[0]) {
-		p.errorf(1, "empty caller policy: want callers, default or both")
-		return nil
-	}
-	doc := root.Content[0]
 	if doc.Kind != yaml.MappingNode {
-		p.errorf(doc.Line, "a caller policy must be a mapping with callers and default, not %s", kindOf(doc))
+		p.errorf(doc.Line, "a caller policy must be a mapping with callers and default, not %s", yamlnode.KindOf(doc))
 		return nil
 	}
 	pol := &Policy{File: p.name, exact: map[string]*Entry{}}
 	exactLine, prefixLine := map[string]int{}, map[string]int{}
-	p.mapping(doc, "the caller policy", fileFields, func(key string, k, v *yaml.Node) {
-		switch key {
+	p.dec.Mapping(doc, "the caller policy", fileFields, func(field int, k, v *yaml.Node) {
+		switch fileFields[field] {
 		case "callers":
-			if isNull(v) {
+			if yamlnode.IsNull(v) {
 				return
 			}
 			if v.Kind != yaml.SequenceNode {
-				p.errorf(v.Line, "callers must be a list, not %s", kindOf(v))
+				p.errorf(v.Line, "callers must be a list, not %s", yamlnode.KindOf(v))
 				return
 			}
 			for i, it := range v.Content {
 				if it.Kind != yaml.MappingNode {
-					p.errorf(it.Line, "callers #%d must be a mapping, not %s", i+1, kindOf(it))
+					p.errorf(it.Line, "callers #%d must be a mapping, not %s", i+1, yamlnode.KindOf(it))
 					continue
 				}
 				e := p.entry(it, fmt.Sprintf("callers #%d", i+1), false)
 				pol.Callers = append(pol.Callers, e)
 				for j, id := range e.Identities {
 					line := it.Line
-					if n := fieldNode(it, "identities"); n != nil && n.Kind == yaml.SequenceNode && j < len(n.Content) {
+					if n := yamlnode.Field(it, "identities"); n != nil && n.Kind == yaml.SequenceNode && j < len(n.Content) {
 						line = n.Content[j].Line
 					}
 					if pat, ok := strings.CutSuffix(id, "*"); ok {
@@ -187,7 +181,7 @@ func (p *parser) parse(data []byte) *Policy {
 			}
 		case "default":
 			if v.Kind != yaml.MappingNode {
-				p.errorf(v.Line, "default must be a mapping, not %s", kindOf(v))
+				p.errorf(v.Line, "default must be a mapping, not %s", yamlnode.KindOf(v))
 				return
 			}
 			pol.Default = p.entry(v, "default", true)
@@ -201,8 +195,8 @@ func (p *parser) parse(data []byte) *Policy {
 func (p *parser) entry(n *yaml.Node, what string, isDefault bool) *Entry {
 	e := &Entry{Line: n.Line}
 	var hasDomains, hasIdentities bool
-	p.mapping(n, what, entryFields, func(key string, k, v *yaml.Node) {
-		switch key {
+	p.dec.Mapping(n, what, entryFields, func(field int, k, v *yaml.Node) {
+		switch entryFields[field] {
 		case "identities":
 			hasIdentities = true
 			if isDefault {
@@ -232,45 +226,16 @@ func (p *parser) entry(n *yaml.Node, what string, isDefault bool) *Entry {
 	return e
 }
 
-// mapping calls f for each key of mapping n, refusing keys not in known, repeated keys, merge
-// keys and non-string keys; what names n in errors.
-func (p *parser) mapping(n *yaml.Node, what string, known []string, f func(key string, k, v *yaml.Node)) {
-	seen := map[string]bool{}
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		k, v := n.Content[i], n.Content[i+1]
-		switch {
-		case k.Kind == yaml.ScalarNode && k.Value == "<<" && k.ShortTag() == "!!merge":
-			p.errorf(k.Line, "merge keys (<<) are not supported in a caller policy")
-			continue
-		case k.Kind != yaml.ScalarNode:
-			p.errorf(k.Line, "a key in %s must be a string, not %s", what, kindOf(k))
-			continue
-		case !slices.Contains(known, k.Value):
-			p.errorf(k.Line, "unknown key %s in %s (known: %s)", k.Value, what, strings.Join(known, ", "))
-			continue
-		case seen[k.Value]:
-			p.errorf(k.Line, "key %s set twice in %s", k.Value, what)
-			continue
-		}
-		seen[k.Value] = true
-		if v.Kind == yaml.AliasNode {
-			p.errorf(v.Line, "%s: anchors and aliases are not supported in a caller policy", k.Value)
-			continue
-		}
-		f(k.Value, k, v)
-	}
-}
-
 // strings decodes a list of non-empty strings, each checked by check.
 func (p *parser) strings(v *yaml.Node, what string, check func(string) error) []string {
 	if v.Kind != yaml.SequenceNode {
-		p.errorf(v.Line, "%s must be a list, not %s", what, kindOf(v))
+		p.errorf(v.Line, "%s must be a list, not %s", what, yamlnode.KindOf(v))
 		return nil
 	}
 	out := []string{}
 	for _, it := range v.Content {
 		if it.Kind != yaml.ScalarNode || it.ShortTag() != "!!str" {
-			p.errorf(it.Line, "%s: each must be a string, not %s", what, kindOf(it))
+			p.errorf(it.Line, "%s: each must be a string, not %s", what, yamlnode.KindOf(it))
 			continue
 		}
 		if err := check(it.Value); err != nil {
@@ -305,14 +270,14 @@ func checkDomain(s string) error {
 func (p *parser) boolean(v *yaml.Node, what string) bool {
 	var x bool
 	if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!bool" || v.Decode(&x) != nil {
-		p.errorf(v.Line, "%s must be true or false, not %s", what, kindOf(v))
+		p.errorf(v.Line, "%s must be true or false, not %s", what, yamlnode.KindOf(v))
 	}
 	return x
 }
 
 func (p *parser) maxHits(v *yaml.Node, what string) uint64 {
 	if v.Kind != yaml.ScalarNode || v.ShortTag() != "!!int" {
-		p.errorf(v.Line, "%s must be a whole number of at least 1, not %s", what, kindOf(v))
+		p.errorf(v.Line, "%s must be a whole number of at least 1, not %s", what, yamlnode.KindOf(v))
 		return 0
 	}
 	n, err := strconv.ParseUint(strings.ReplaceAll(v.Value, "_", ""), 0, 64)
@@ -321,55 +286,6 @@ func (p *parser) maxHits(v *yaml.Node, what string) uint64 {
 		return 0
 	}
 	return n
-}
-
-// yamlError reports one of yaml's errors as file:line: message.
-func (p *parser) yamlError(err error) {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	if rest, ok := strings.CutPrefix(msg, "line "); ok {
-		if num, text, ok := strings.Cut(rest, ": "); ok {
-			if _, err := strconv.Atoi(num); err == nil {
-				p.errs = append(p.errs, fmt.Errorf("%s:%s: %s", p.name, num, text))
-				return
-			}
-		}
-	}
-	p.errs = append(p.errs, fmt.Errorf("%s: %s", p.name, msg))
-}
-
-// fieldNode returns the value of key in mapping n, or nil.
-func fieldNode(n *yaml.Node, key string) *yaml.Node {
-	for i := 0; i+1 < len(n.Content); i += 2 {
-		if n.Content[i].Value == key {
-			return n.Content[i+1]
-		}
-	}
-	return nil
-}
-
-func isNull(n *yaml.Node) bool {
-	return n == nil || n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null"
-}
-
-// kindOf names what n is, for errors.
-func kindOf(n *yaml.Node) string {
-	switch {
-	case n == nil:
-		return "nothing"
-	case n.Kind == yaml.SequenceNode:
-		return "a list"
-	case n.Kind == yaml.MappingNode:
-		return "a mapping"
-	case n.Kind == yaml.AliasNode:
-		return "an alias"
-	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!null":
-		return "null"
-	case n.Kind == yaml.ScalarNode && n.ShortTag() == "!!str":
-		return strconv.Quote(n.Value)
-	case n.Kind == yaml.ScalarNode:
-		return n.Value
-	}
-	return "an unsupported node"
 }
 
 // Identities are the names a verified client certificate gives its holder, as a policy lists

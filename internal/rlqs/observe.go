@@ -2,7 +2,6 @@ package rlqs
 
 import (
 	"cmp"
-	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
@@ -12,6 +11,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/rls-project/rls/internal/httpjson"
 )
 
 // The per-rule gauges, computed from the streams at each scrape.
@@ -186,7 +187,7 @@ func (s *Server) AssignmentsHandler() http.Handler {
 		if v := r.URL.Query().Get("limit"); v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil || n < 0 || n > maxDebugBuckets {
-				writeJSON(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("limit %q: want 0 to %d", v, maxDebugBuckets)})
+				httpjson.Write(w, http.StatusBadRequest, map[string]string{"error": fmt.Sprintf("limit %q: want 0 to %d", v, maxDebugBuckets)})
 				return
 			}
 			limit = n
@@ -220,7 +221,7 @@ func (s *Server) AssignmentsHandler() http.Handler {
 		s.mu.Lock()
 		streams, subs := len(s.streams), s.subs
 		s.mu.Unlock()
-		writeJSON(w, http.StatusOK, map[string]any{"ttl": s.ttl.String(), "streams": streams, "buckets": subs,
+		httpjson.Write(w, http.StatusOK, map[string]any{"ttl": s.ttl.String(), "streams": streams, "buckets": subs,
 			"truncated": len(out) < subs, "assignments": out})
 	})
 }
@@ -249,18 +250,18 @@ func (s *Server) ExplainHandler() http.Handler {
 		for _, kv := range q["bucket"] {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok {
-				writeJSON(w, http.StatusBadRequest, map[string]string{"error": "bucket " + kv + ": want key=value"})
+				httpjson.Write(w, http.StatusBadRequest, map[string]string{"error": "bucket " + kv + ": want key=value"})
 				return
 			}
 			m[k] = v
 		}
 		if domain == "" {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "want ?domain=D&bucket=key=value[&bucket=key2=value2]"})
+			httpjson.Write(w, http.StatusBadRequest, map[string]string{"error": "want ?domain=D&bucket=key=value[&bucket=key2=value2]"})
 			return
 		}
 		id, err := parseBucketID(m)
 		if err != nil {
-			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			httpjson.Write(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 			return
 		}
 		rs := s.rules()
@@ -275,7 +276,7 @@ func (s *Server) ExplainHandler() http.Handler {
 			out["rule"] = nil
 			out["why"] = why
 			out["strategy"] = "allow_all: a bucket that matches no rule is not limited, as ShouldRateLimit answers OK for it"
-			writeJSON(w, http.StatusOK, out)
+			httpjson.Write(w, http.StatusOK, out)
 			return
 		}
 		keys := make([]string, len(order))
@@ -286,13 +287,13 @@ func (s *Server) ExplainHandler() http.Handler {
 		out["matched_key_order"] = keys
 		if pol.allowAll {
 			out["strategy"] = "allow_all: the rule does not limit (allow-listed, unlimited or shadow mode)"
-			writeJSON(w, http.StatusOK, out)
+			httpjson.Write(w, http.StatusOK, out)
 			return
 		}
 		out["limit"] = map[string]any{"rate": pol.lim.Rate, "period": ttlDuration(pol.lim.PeriodMs).String(), "burst": pol.lim.Burst, "name": rule.Limits[pol.index].Name}
 		state, err := s.store.Peek(r.Context(), id.key(domain))
 		if err != nil {
-			writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
+			httpjson.Write(w, http.StatusServiceUnavailable, map[string]string{"error": err.Error()})
 			return
 		}
 		now := s.now().UnixMilli()
@@ -315,14 +316,6 @@ func (s *Server) ExplainHandler() http.Handler {
 		out["proxies"] = proxies
 		out["held_rate"] = held
 		out["strategy"] = "max-min fair shares of the rate by demand, each capped by what the other proxies hold"
-		writeJSON(w, http.StatusOK, out)
+		httpjson.Write(w, http.StatusOK, out)
 	})
-}
-
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
 }

@@ -88,7 +88,7 @@ func (s *Server) loadRules(context.Context) (err error) {
 
 // startTracing starts OTLP trace export when the environment asks for it.
 func (s *Server) startTracing(ctx context.Context) (err error) {
-	s.tracing, err = setupTracing(ctx, s.cfg.Env, s.log)
+	s.tracing, err = setupTracing(ctx, s.cfg.Env, s.log, s.warn)
 	return err
 }
 

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/rls-project/rls/internal/backend"
+	redisbackend "github.com/rls-project/rls/internal/backend/redis"
 	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/ratelimitenv"
@@ -157,8 +158,8 @@ func DefaultConfig() Config {
 			MaxCalls: defaultGRPCMaxCalls,
 		},
 		Redis: RedisConfig{
-			URL: "redis://127.0.0.1:6379", DialTimeout: time.Second, ReadTimeout: time.Second,
-			Timeout: 50 * time.Millisecond, HealthInterval: time.Second, KeyPrefix: "rls:",
+			URL: "redis://127.0.0.1:6379", DialTimeout: redisbackend.DefaultDialTimeout, ReadTimeout: redisbackend.DefaultReadTimeout,
+			Timeout: redisbackend.DefaultTimeout, HealthInterval: redisbackend.DefaultHealthInterval, KeyPrefix: redisbackend.DefaultKeyPrefix,
 			LocalCacheSize: 65536, Coalesce: 64, Leases: true, LeaseLifetime: 50 * time.Millisecond,
 		},
 		RLQS: RLQSConfig{
@@ -173,9 +174,11 @@ func DefaultConfig() Config {
 		Memory:               MemoryConfig{MaxBytes: backend.DefaultMemoryMaxBytes},
 		FailureMode:          "error",
 		NearLimitRatio:       0.8,
-		DetailedMetricValues: 100,
+		DetailedMetricValues: service.DefaultDetailedMetricValues,
 		ResponseHeaders:      "none",
-		HeaderNames:          service.LegacyHeaderNames{Limit: "RateLimit-Limit", Remaining: "RateLimit-Remaining", Reset: "RateLimit-Reset"},
+		HeaderNames: service.LegacyHeaderNames{
+			Limit: service.DefaultLimitHeader, Remaining: service.DefaultRemainingHeader, Reset: service.DefaultResetHeader,
+		},
 	}
 }
 

@@ -27,6 +27,7 @@ type panicky struct {
 
 func (panicky) ShouldRateLimit(context.Context, *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	var m map[string]int
+	//lint:ignore SA5000 the handler panics with a runtime error on purpose
 	m["boom"]++ // a nil map write: a runtime panic
 	return nil, nil
 }
@@ -90,6 +91,7 @@ type panickyQuota struct {
 
 func (panickyQuota) StreamRateLimitQuotas(rlqspb.RateLimitQuotaService_StreamRateLimitQuotasServer) error {
 	var m map[string]int
+	//lint:ignore SA5000 the handler panics with a runtime error on purpose
 	m["boom"]++ // a nil map write: a runtime panic
 	return nil
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -21,6 +20,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/logthrottle"
 )
 
 // tracingSetup is the OpenTelemetry tracing of one server; its zero value is tracing off. It is
@@ -81,8 +81,9 @@ func envMap(env []string) map[string]string {
 
 // setupTracing starts OTLP trace export when the environment asks for it. The exporter reads
 // the rest of its settings (endpoint, headers, TLS, sampler) from the standard OTEL_* variables;
-// OTEL_EXPORTER_OTLP_PROTOCOL picks grpc or http/protobuf (the default).
-func setupTracing(ctx context.Context, env []string, log *slog.Logger) (tracingSetup, error) {
+// OTEL_EXPORTER_OTLP_PROTOCOL picks grpc or http/protobuf (the default). Export failures are
+// logged through warn, the server's throttle of repeated lines.
+func setupTracing(ctx context.Context, env []string, log *slog.Logger, warn *logthrottle.Throttle) (tracingSetup, error) {
 	vars := envMap(env)
 	if !tracingEnabled(vars) {
 		return tracingSetup{}, nil
@@ -107,7 +108,7 @@ func setupTracing(ctx context.Context, env []string, log *slog.Logger) (tracingS
 	}
 	// Export failures (a collector that cannot be reached fails every batch) are logged here,
 	// throttled; the exporter hands the SDK no error to pass to otel's process-wide handler.
-	exp := loggedExporter{SpanExporter: raw, report: throttledErrors(log, time.Minute)}
+	exp := loggedExporter{SpanExporter: raw, report: exportErrors(warn)}
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(attrs))
 	log.Info("tracing on: exporting spans over OTLP", "protocol", cmpString(proto, "http/protobuf"))
 	return tracingSetup{
@@ -131,22 +132,10 @@ func (e loggedExporter) ExportSpans(ctx context.Context, spans []sdktrace.ReadOn
 	return nil
 }
 
-// throttledErrors returns a function that logs export errors at most once per interval, with how
-// many were not logged, instead of one log line per failed batch.
-func throttledErrors(log *slog.Logger, every time.Duration) func(error) {
-	var mu sync.Mutex
-	var last time.Time
-	dropped := 0
-	return func(err error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if now := time.Now(); last.IsZero() || now.Sub(last) >= every {
-			log.Warn("tracing: export failed", "err", err, "since_last_logged", dropped)
-			last, dropped = now, 0
-			return
-		}
-		dropped++
-	}
+// exportErrors reports export errors through warn: the first logged at once, the ones that
+// follow within its interval summed up at the end, instead of one line per failed batch.
+func exportErrors(warn *logthrottle.Throttle) func(error) {
+	return func(err error) { warn.Warn("tracing export failed", "tracing: export failed", "err", err) }
 }
 
 func cmpString(s, def string) string {

@@ -7,16 +7,23 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/rls-project/rls/internal/logthrottle"
 )
 
 func TestTracingErrorsThrottled(t *testing.T) {
 	var buf bytes.Buffer
-	h := throttledErrors(slog.New(slog.NewTextHandler(&syncWriter{w: &buf}, nil)), time.Hour)
+	warn := logthrottle.New(slog.New(slog.NewTextHandler(&syncWriter{w: &buf}, nil)), time.Hour)
+	h := exportErrors(warn)
 	for range 100 {
 		h(errors.New("connection refused"))
 	}
 	if n := strings.Count(buf.String(), "tracing: export failed"); n != 1 {
 		t.Fatalf("100 export errors logged %d times within the interval, want 1:\n%s", n, buf.String())
+	}
+	warn.Close()
+	if !strings.Contains(buf.String(), "suppressed=99") {
+		t.Fatalf("the interval's end does not count the 99 others:\n%s", buf.String())
 	}
 }
 

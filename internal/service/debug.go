@@ -1,7 +1,6 @@
 package service
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
@@ -12,6 +11,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/httpjson"
 )
 
 type limitJSON struct {
@@ -53,14 +53,6 @@ func toRuleJSON(r *descriptors.Rule) *ruleJSON {
 	return j
 }
 
-func writeJSON(w http.ResponseWriter, code int, v any) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(code)
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	_ = enc.Encode(v)
-}
-
 // RulesHandler serves GET /debug/rules: the rules in force, their generation, files and every
 // rule with its limits and where it is defined.
 func (s *Service) RulesHandler() http.Handler {
@@ -89,7 +81,7 @@ func (s *Service) RulesHandler() http.Handler {
 			}
 			out.Domains = append(out.Domains, dj)
 		}
-		writeJSON(w, http.StatusOK, out)
+		httpjson.Write(w, http.StatusOK, out)
 	})
 }
 
@@ -127,7 +119,7 @@ func (s *Service) ExplainHandler() http.Handler {
 			http.Error(w, "no rules loaded yet", http.StatusServiceUnavailable)
 			return
 		}
-		writeJSON(w, http.StatusOK, s.explain(r, req))
+		httpjson.Write(w, http.StatusOK, s.explain(r, req))
 	})
 }
 

@@ -1,12 +1,10 @@
 package service
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"log/slog"
 	"net"
-	"sync"
 	"time"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -128,7 +126,7 @@ func (s *Service) failed(ctx context.Context, req *rlsv3.RateLimitRequest, w *wo
 	s.log.LogAttrs(ctx, slog.LevelDebug, "backend failed", slog.String("domain", req.GetDomain()), slog.Any("err", err))
 	if !errors.Is(err, backend.ErrUnavailable) {
 		s.metrics.backendError(err)
-		s.errLog.log(ctx, s.log, err)
+		s.errLog.Log(slog.LevelError, "backend error", "backend error", "err", err)
 		markFailed(w.items)
 		return nil, status.Error(codes.Internal, internalMessage)
 	}
@@ -190,30 +188,6 @@ func unavailableMessage(err error) string {
 	return msg
 }
 
-// errorLog logs errors at Error at most once per interval, counting the ones it drops.
-type errorLog struct {
-	mu       sync.Mutex
-	next     time.Time
-	dropped  int
-	interval time.Duration // 0: a second
-	now      func() time.Time
-}
-
-func (l *errorLog) log(ctx context.Context, log *slog.Logger, err error) {
-	now := time.Now
-	if l.now != nil {
-		now = l.now
-	}
-	t := now()
-	l.mu.Lock()
-	if t.Before(l.next) {
-		l.dropped++
-		l.mu.Unlock()
-		return
-	}
-	dropped := l.dropped
-	l.dropped = 0
-	l.next = t.Add(cmp.Or(l.interval, time.Second))
-	l.mu.Unlock()
-	log.LogAttrs(ctx, slog.LevelError, "backend error", slog.Any("err", err), slog.Int("suppressed", dropped))
-}
+// backendErrorInterval is how often backend errors other than unavailability are logged: the
+// first at once, then at most one line a second summing up the others (logthrottle).
+const backendErrorInterval = time.Second

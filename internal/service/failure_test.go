@@ -14,10 +14,12 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/limit"
+	"github.com/rls-project/rls/internal/logthrottle"
 	"github.com/rls-project/rls/internal/rlstest"
 )
 
@@ -159,28 +161,24 @@ func TestBackendErrorKinds(t *testing.T) {
 	}
 }
 
+// TestErrorLogRateLimited: backend errors other than unavailability are logged at Error
+// through a logthrottle, the first at once and the others summed up at the interval's end.
 func TestErrorLogRateLimited(t *testing.T) {
 	log, buf := logBuffer()
-	t0 := time.Unix(1_800_000_000, 0)
-	now := t0
-	l := errorLog{now: func() time.Time { return now }}
-	steps := []struct {
-		at   time.Duration
-		want string // the suppressed count logged, or "" for nothing logged
-	}{
-		{0, "suppressed=0"},
-		{100 * time.Millisecond, ""},
-		{999 * time.Millisecond, ""},
-		{time.Second, "suppressed=2"},
-		{1500 * time.Millisecond, ""},
-		{5 * time.Second, "suppressed=1"},
-	}
-	for i, st := range steps {
-		now = t0.Add(st.at)
-		buf.Reset()
-		l.log(context.Background(), log, errors.New("boom"))
-		if got := buf.String(); (st.want == "") != (got == "") || !strings.Contains(got, st.want) {
-			t.Fatalf("step %d at %v: logged %q, want %q", i, st.at, got, st.want)
+	f := newFixture(t, Options{Backend: erring{errors.New("boom")}, Logger: log})
+	f.svc.errLog = logthrottle.New(log, time.Hour) // only Flush ends the interval
+	for range 3 {
+		if _, err := f.svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "api",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("key", "k")}}); status.Code(err) != codes.Internal {
+			t.Fatalf("err %v, want Internal", err)
 		}
+	}
+	if n := strings.Count(buf.String(), `level=ERROR msg="backend error" err=boom`); n != 1 {
+		t.Fatalf("3 errors within the interval logged %d times at Error, want 1:\n%s", n, buf)
+	}
+	buf.Reset()
+	f.svc.errLog.Flush()
+	if got := buf.String(); !strings.Contains(got, `level=ERROR msg="backend error" err=boom suppressed=2`) {
+		t.Fatalf("the interval's end logged %q, want the 2 others summed up", got)
 	}
 }

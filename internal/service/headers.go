@@ -65,12 +65,19 @@ type LegacyHeaderNames struct {
 	Limit, Remaining, Reset string
 }
 
-// withDefaults fills empty names with RateLimit-Limit, RateLimit-Remaining and RateLimit-Reset.
+// The names of HeadersLegacy's headers that an empty LegacyHeaderNames field keeps.
+const (
+	DefaultLimitHeader     = "RateLimit-Limit"
+	DefaultRemainingHeader = "RateLimit-Remaining"
+	DefaultResetHeader     = "RateLimit-Reset"
+)
+
+// withDefaults fills empty names with the defaults.
 func (n LegacyHeaderNames) withDefaults() LegacyHeaderNames {
 	return LegacyHeaderNames{
-		Limit:     cmp.Or(n.Limit, "RateLimit-Limit"),
-		Remaining: cmp.Or(n.Remaining, "RateLimit-Remaining"),
-		Reset:     cmp.Or(n.Reset, "RateLimit-Reset"),
+		Limit:     cmp.Or(n.Limit, DefaultLimitHeader),
+		Remaining: cmp.Or(n.Remaining, DefaultRemainingHeader),
+		Reset:     cmp.Or(n.Reset, DefaultResetHeader),
 	}
 }
 

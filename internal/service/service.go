@@ -32,6 +32,7 @@ import (
 	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/logthrottle"
+	"github.com/rls-project/rls/internal/statekey"
 )
 
 // maxCost caps a hits_addend; any cost above a limit's burst is denied anyway. The other bounds
@@ -102,9 +103,9 @@ type Service struct {
 	pool         sync.Pool // *work
 	detailedMax  int
 	headerNames  LegacyHeaderNames
-	shadowAll    bool     // every rule in shadow mode
-	quotaAll     bool     // every rule in quota mode
-	errLog       errorLog // backend errors other than unavailability
+	shadowAll    bool                  // every rule in shadow mode
+	quotaAll     bool                  // every rule in quota mode
+	errLog       *logthrottle.Throttle // backend errors other than unavailability
 	maxInflight  int64
 	inflight     atomic.Int64 // requestWeight of the requests being decided
 	maxJSON      int64
@@ -145,6 +146,7 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 		return nil, errors.New("service: MaxInflightBytes, MaxJSONBytes and MaxNewKeysPerCaller must be ≥ 0")
 	}
 	s.newKeys = newNewKeyGate(opts.MaxNewKeysPerCaller, newKeyCallers)
+	s.errLog = logthrottle.New(opts.Logger, backendErrorInterval)
 	if s.warn = opts.Warnings; s.warn == nil && s.newKeys != nil {
 		s.warn = logthrottle.New(opts.Logger, DefaultWarningInterval)
 	}
@@ -364,14 +366,14 @@ func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest
 // (descriptors.Limit.KeyTag, computed at load): "0" for a rule's singular rate_limit, the name
 // or the period and algorithm of a limit of a rate_limits list, never its place in the list.
 func (w *work) appendKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, share []string, tag string) {
-	w.keys = appendField(w.keys, domain)
+	w.keys = statekey.AppendField(w.keys, domain)
 	for i, e := range entries {
-		w.keys = appendField(w.keys, e.GetKey())
+		w.keys = statekey.AppendField(w.keys, e.GetKey())
 		if i < len(share) && share[i] != "" {
 			w.keys = append(w.keys, '*')
-			w.keys = appendField(w.keys, share[i])
+			w.keys = statekey.AppendField(w.keys, share[i])
 		} else {
-			w.keys = appendField(w.keys, e.GetValue())
+			w.keys = statekey.AppendField(w.keys, e.GetValue())
 		}
 	}
 	w.keys = append(w.keys, '#')
@@ -384,21 +386,15 @@ func (w *work) appendKey(domain string, entries []*ratelimitv3.RateLimitDescript
 // overrides of the same entries share state only when they ask for the same limit: a request
 // can neither reset a rule's window with an override nor re-express another override's state.
 func (w *work) appendOverrideKey(domain string, entries []*ratelimitv3.RateLimitDescriptor_Entry, o *ratelimitv3.RateLimitDescriptor_RateLimitOverride) {
-	w.keys = appendField(w.keys, domain)
+	w.keys = statekey.AppendField(w.keys, domain)
 	for _, e := range entries {
-		w.keys = appendField(w.keys, e.GetKey())
-		w.keys = appendField(w.keys, e.GetValue())
+		w.keys = statekey.AppendField(w.keys, e.GetKey())
+		w.keys = statekey.AppendField(w.keys, e.GetValue())
 	}
 	w.keys = append(w.keys, "#o"...)
 	w.keys = strconv.AppendUint(w.keys, uint64(o.GetRequestsPerUnit()), 10)
 	w.keys = append(w.keys, '/')
 	w.keys = strconv.AppendInt(w.keys, int64(overridePeriod(o)/time.Second), 10)
-}
-
-func appendField(b []byte, s string) []byte {
-	b = strconv.AppendInt(b, int64(len(s)), 10)
-	b = append(b, ':')
-	return append(b, s...)
 }
 
 // decide calls the backend, timed and traced.

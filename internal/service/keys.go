@@ -17,6 +17,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/httpjson"
 	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/logthrottle"
 )
@@ -115,7 +116,7 @@ func (s *Service) KeysHandler(opts KeysOptions) http.Handler {
 			http.Error(w, clientMessage(err), statusOf(err))
 			return
 		}
-		writeJSON(w, http.StatusOK, res)
+		httpjson.Write(w, http.StatusOK, res)
 	})
 }
 

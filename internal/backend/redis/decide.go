@@ -12,6 +12,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/limit"
+	"github.com/rls-project/rls/internal/pipeline"
 )
 
 // This file is one decision, in the order it runs: the local cache, the plan (the script
@@ -114,7 +115,7 @@ type job struct {
 	idx   [][]int // per call: its requests' indices, in batch order
 
 	groups []group
-	pend   []*pending // backing store of the groups' pendings
+	pend   []*pipeline.Pending[*call] // backing store of the groups' pendings
 
 	// After a failed send: some group may still belong to its sender (abandoned), and the calls
 	// whose replies must not be read (unread).
@@ -127,8 +128,8 @@ func newJob() *job { return &job{} }
 // group is the calls of a decision that go to one node.
 type group struct {
 	n   *node
-	p   *pending
-	res waitResult
+	p   *pipeline.Pending[*call]
+	res pipeline.Result
 }
 
 // fromCache answers the batch when the cache knows every request of it is denied. held
@@ -286,7 +287,7 @@ func (b *Backend) send(ctx context.Context, j *job, now time.Time, budget time.D
 		return err
 	}
 	for _, g := range j.groups {
-		if !g.n.br.allow() {
+		if !g.n.br.Allow() {
 			return g.n.errOpen
 		}
 	}
@@ -309,27 +310,27 @@ func (b *Backend) send(ctx context.Context, j *job, now time.Time, budget time.D
 func (j *job) sendGroups(ctx context.Context, deadline time.Time) error {
 	for i := range j.groups {
 		g := &j.groups[i]
-		g.res = replied
-		if !g.n.co.submit(g.p, deadline) {
-			g.res = unsent
+		g.res = pipeline.Replied
+		if !g.n.co.Submit(g.p, deadline) {
+			g.res = pipeline.Unsent
 		}
 	}
 	var err error
 	for i := range j.groups {
 		g := &j.groups[i]
-		if g.res == replied {
-			g.res = g.n.co.await(g.p, ctx.Done())
+		if g.res == pipeline.Replied {
+			g.res = g.n.co.Await(g.p, ctx.Done())
 		}
 		switch g.res {
-		case replied:
+		case pipeline.Replied:
 			continue
-		case inFlight, canceled:
+		case pipeline.InFlight, pipeline.Canceled:
 			j.abandoned = true
 		}
 		if err != nil {
 			continue
 		}
-		if g.res == canceled {
+		if g.res == pipeline.Canceled {
 			err = fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
 		} else {
 			err = g.n.ranOut()
@@ -339,8 +340,8 @@ func (j *job) sendGroups(ctx context.Context, deadline time.Time) error {
 		// Only the replied calls are read: the others may belong to their senders still.
 		j.unread = map[*call]bool{}
 		for _, g := range j.groups {
-			if g.res == inFlight || g.res == canceled {
-				for _, c := range g.p.calls {
+			if g.res == pipeline.InFlight || g.res == pipeline.Canceled {
+				for _, c := range g.p.Calls {
 					j.unread[c] = true
 				}
 			}

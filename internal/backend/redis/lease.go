@@ -614,7 +614,7 @@ func (l *leases) byMaster(rs []leftover) map[*node][]leftover {
 // send gives back rs, whose keys n owns, in one round trip: one script call per Cluster slot.
 func (l *leases) send(n *node, rs []leftover) {
 	b := l.b
-	if n == nil || !n.br.allow() {
+	if n == nil || !n.br.Allow() {
 		hits := sumHits(rs)
 		l.dropped.Add(uint64(hits))
 		b.log.Debug("redis: unused lease hits not given back: their master is down or unknown", "hits", hits)

@@ -74,7 +74,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	b := c.b
 	up := func(n *node) float64 {
-		if n.br.allow() {
+		if n.br.Allow() {
 			return 1
 		}
 		return 0

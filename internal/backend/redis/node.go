@@ -15,7 +15,15 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/breaker"
+	"github.com/rls-project/rls/internal/pipeline"
 )
+
+// nodeBreaker is a node's circuit breaker; allow is Allow under the name script.go's loader
+// reads.
+type nodeBreaker struct{ *breaker.Breaker }
+
+func (b nodeBreaker) allow() bool { return b.Allow() }
 
 // node is one Redis master as rls sends to it: the single node, the master a Sentinel names, or
 // one master of a Cluster. Each node has its own pipelines (a coalescer and its senders),
@@ -27,8 +35,8 @@ type node struct {
 	rdb   goredis.UniversalClient // the decisions' connections
 	probe goredis.UniversalClient // the probe's and the health check's own connections
 	own   bool                    // rdb and probe belong to this node (Cluster): close closes them
-	co    *coalescer
-	br    *breaker
+	co    *pipeline.Coalescer[*call]
+	br    nodeBreaker
 
 	errOpen error // the error of its decisions while its breaker is open
 	errSlow error // the error of its decisions that ran out of time while it was found slow
@@ -86,13 +94,14 @@ func (b *Backend) newNode(name string, rdb, probe goredis.UniversalClient, own b
 	cfg := b.nodeCfg
 	// A pipeline unanswered for slowAfter sends a probe, so that the decisions that then run out
 	// of time can tell a slow node from an overloaded process (see ranOut).
-	n.co = newCoalescer(n.sendPipeline, n.kickProbe, cfg.coalesce, cfg.senders)
 	// On a Cluster every call goes to the senders. With callers leading there, a master's
 	// failure (SIGKILL or SIGSTOP, three rls replicas under open-loop load: TestClusterMasterFault)
 	// now and then left one replica answering no key, of any master, within 1 s for about a
 	// second; with leaders on single nodes only it passed every run. Why is not known yet.
-	n.co.noLead = b.cluster
-	n.br = newBreaker(cfg.failures, cfg.cooldown, n.recover, n.healthChanged)
+	noLead := b.cluster
+	n.co = pipeline.New(n.sendPipeline, pipeline.Options{Max: cfg.coalesce, Senders: cfg.senders,
+		Slow: n.kickProbe, SlowAfter: slowAfter, NoLead: noLead})
+	n.br = nodeBreaker{breaker.New(cfg.failures, cfg.cooldown, n.recover, n.healthChanged)}
 	n.lastReply.Store(b.mono())
 	return n
 }
@@ -109,8 +118,8 @@ func (n *node) start() {
 func (n *node) close() error {
 	close(n.stop)
 	n.wg.Wait()
-	n.br.close()
-	n.co.close()
+	n.br.Close()
+	n.co.Close()
 	if n.own {
 		return errors.Join(n.rdb.Close(), n.probe.Close())
 	}
@@ -222,7 +231,7 @@ func (n *node) kickProbe() {
 		case n.lastReply.Load() > start || took > 2*probeTO || starved(before, schedLatencies(), probeTO):
 			n.b.log.Debug("redis probe inconclusive: this process is starved of CPU", "node", n.name, "took", took, "err", err)
 		default:
-			n.br.trip(fmt.Errorf("no answer to a probe within %v: %w", probeTO, err))
+			n.br.Trip(fmt.Errorf("no answer to a probe within %v: %w", probeTO, err))
 		}
 	}()
 }
@@ -234,7 +243,7 @@ func (n *node) healthLoop(interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if n.br.allow() {
+		if n.br.Allow() {
 			n.kickProbe()
 			n.checkEpoch()
 		}
@@ -341,7 +350,7 @@ func (n *node) observe(err error, cmds []*goredis.Cmd) {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, goredis.ErrPoolTimeout):
 		return
 	default:
-		n.br.failure(err)
+		n.br.Failure(err)
 		if n.b.cluster {
 			n.b.requestReload(reasonNodeDown)
 		}
@@ -371,10 +380,10 @@ func (n *node) observe(err error, cmds []*goredis.Cmd) {
 		}
 		// CLUSTERDOWN is the Cluster's state, not this node failing: the node answered.
 		if unavailableReply(cerr) && !goredis.HasErrorPrefix(cerr, "CLUSTERDOWN") {
-			n.br.failure(cerr)
+			n.br.Failure(cerr)
 			return
 		}
 	}
 	n.lastReply.Store(n.b.mono())
-	n.br.success()
+	n.br.Success()
 }

@@ -259,7 +259,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	// Loaded through the main client: its first connection is then open before any decision.
 	if loaded, refused, err := load(lctx, b.rdb, b.libraryWanted()); err != nil {
 		b.log.Warn("redis unavailable at start; deciding nothing until it answers", "redis", opts.Target.String(), "err", err)
-		b.single.br.trip(err)
+		b.single.br.Trip(err)
 	} else {
 		b.useLibrary(loaded, refused)
 		b.single.lastReply.Store(b.mono())
@@ -304,7 +304,7 @@ func (b *Backend) healthChanged() {
 // answers, or there is no map).
 func (b *Backend) Healthy() bool {
 	if !b.cluster {
-		return b.single.br.allow()
+		return b.single.br.Allow()
 	}
 	t := b.topo.Load()
 	return t != nil && b.unavailableSlots(t) < slotCount

@@ -3,6 +3,7 @@ package redis
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"github.com/rls-project/rls/internal/pipeline"
 	"strings"
 )
 
@@ -124,11 +125,11 @@ func (j *job) addToGroup(n *node, c *call) {
 	}
 	if g == len(j.groups) {
 		if len(j.pend) == g {
-			j.pend = append(j.pend, newPending())
+			j.pend = append(j.pend, pipeline.NewPending[*call]())
 		}
 		p := j.pend[g]
-		p.calls = p.calls[:0]
+		p.Calls, p.Multi = p.Calls[:0], c.multi
 		j.groups = append(j.groups, group{n: n, p: p})
 	}
-	j.groups[g].p.calls = append(j.groups[g].p.calls, c)
+	j.groups[g].p.Calls = append(j.groups[g].p.Calls, c)
 }

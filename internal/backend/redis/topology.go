@@ -345,7 +345,7 @@ func (b *Backend) clusterSlots(ctx context.Context) ([]goredis.ClusterSlot, erro
 func (b *Backend) unavailableSlots(t *topology) int {
 	n := t.unowned
 	for _, m := range t.masters {
-		if !m.br.allow() {
+		if !m.br.Allow() {
 			n += t.slots[m]
 		}
 	}

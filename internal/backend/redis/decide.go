@@ -127,9 +127,10 @@ func newJob() *job { return &job{} }
 
 // group is the calls of a decision that go to one node.
 type group struct {
-	n   *node
-	p   *pipeline.Pending[*call]
-	res pipeline.Result
+	n    *node
+	p    *pipeline.Pending[*call]
+	res  pipeline.Result
+	gone bool // its node refused it: closed (see node.close)
 }
 
 // fromCache answers the batch when the cache knows every request of it is denied. held
@@ -310,9 +311,9 @@ func (b *Backend) send(ctx context.Context, j *job, now time.Time, budget time.D
 func (j *job) sendGroups(ctx context.Context, deadline time.Time) error {
 	for i := range j.groups {
 		g := &j.groups[i]
-		g.res = pipeline.Replied
+		g.res, g.gone = pipeline.Replied, false
 		if !g.n.co.Submit(g.p, deadline) {
-			g.res = pipeline.Unsent
+			g.res, g.gone = pipeline.Unsent, true
 		}
 	}
 	var err error
@@ -330,9 +331,12 @@ func (j *job) sendGroups(ctx context.Context, deadline time.Time) error {
 		if err != nil {
 			continue
 		}
-		if g.res == pipeline.Canceled {
+		switch {
+		case g.gone:
+			err = errGone
+		case g.res == pipeline.Canceled:
 			err = fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
-		} else {
+		default:
 			err = g.n.ranOut()
 		}
 	}

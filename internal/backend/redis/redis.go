@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"runtime"
 	"runtime/metrics"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,65 +73,128 @@ type Options struct {
 	evalOnly bool
 }
 
-// Backend is a backend.Backend on Redis. It is safe for concurrent use.
+// Backend is a backend.Backend on Redis. It is safe for concurrent use. It holds its parts:
+// the single node (single node and Sentinel) or the Cluster's topology, which own the nodes;
+// what decides (the leases layer over the core, or the core); the health subscribers; the
+// library's state; the background work and the clock they share.
 type Backend struct {
+	*clock       // mono, the instants of nodes and leases
+	*background  // goroutines that outlive a call: the library's loads, undos, the topology's loop
+	libraryState // the library of Redis Functions: FCALL or EVALSHA (script.go)
+
 	// rdb and probe are the clients of the topology: on a single node and Sentinel, the
-	// decisions' and the probe's; on a Cluster, go-redis's ClusterClient, kept for keys'
-	// administration (Reset) with its slot map taken from rls's own, while decisions go
+	// decisions' (the node's) and the probe's; on a Cluster, go-redis's ClusterClient (the
+	// topology's admin client), kept for keys' administration (Reset), while decisions go
 	// through each master's node.
-	rdb     goredis.UniversalClient
-	probe   goredis.UniversalClient
-	target  Target
-	cluster bool
-	merge   bool // merge coalesced calls into one script call (single node)
-	prefix  string
-	timeout time.Duration
-	probeTO time.Duration
-	now     func() time.Time
-	log     *slog.Logger
-	cache   *denials  // nil when disabled
-	leases  *leases   // nil when disabled
-	jobs    sync.Pool // *job
+	rdb    goredis.UniversalClient
+	probe  goredis.UniversalClient
+	single *node        // single node and Sentinel
+	topo   *clusterTopo // Cluster
 
-	clientOpts clientOptions
-	nodeCfg    nodeConfig
-	single     *node // single node and Sentinel
-
-	// Cluster: the slot map and the nodes of every master it has named.
-	topo         atomic.Pointer[topology]
-	nodesMu      sync.Mutex
-	nodes        map[string]*node // every master the slot map has named, by address
-	controls     map[string]*goredis.Client
-	reloadCh     chan struct{}
-	reloadReason atomic.Pointer[string]
-	reloads      [numReasons]atomic.Uint64
-
-	epoch  time.Time
-	resets atomic.Uint64 // data losses found
-
-	subMu       sync.Mutex
-	subs        map[int]func(bool)
-	nextSub     int
-	lastHealthy bool // guarded by subMu: the health subscribers last heard
-
-	closeOnce sync.Once
+	target    Target
+	cluster   bool
+	prefix    string
+	timeout   time.Duration
+	probeTO   time.Duration
+	now       func() time.Time
+	log       *slog.Logger
+	warn      *logthrottle.Throttle // warnings that repeat while Redis is down
+	cache     *denials              // nil when disabled
+	leases    *leases               // nil when disabled
+	jobs      sync.Pool             // *job
 	cacheHits atomic.Uint64
+	resets    atomic.Uint64 // data losses found
+	health    *healthSubs
+	closeOnce sync.Once
 
 	// scriptNow, when set (tests), is the instant the script decides at instead of Redis TIME.
 	scriptNow func() int64
+}
 
-	// Calls go as FCALL while fcall is set: every master holds the library (see librarySource).
-	fcall          atomic.Bool
-	evalOnly       bool
+// clock is the backend's monotonic clock.
+type clock struct{ epoch time.Time }
+
+func (c *clock) mono() int64 { return int64(time.Since(c.epoch)) }
+
+// background runs the backend's goroutines that outlive a call, until close.
+type background struct {
+	bgMu     sync.Mutex
+	bgClosed bool
+	bgCtx    context.Context // ends at close
+	bgCancel context.CancelFunc
+	bg       sync.WaitGroup
+}
+
+func newBackground() *background {
+	w := &background{}
+	w.bgCtx, w.bgCancel = context.WithCancel(context.Background())
+	return w
+}
+
+// spawn runs f in a goroutine with the background's context, unless closed; it reports whether
+// it did.
+func (w *background) spawn(f func(ctx context.Context)) bool {
+	w.bgMu.Lock()
+	defer w.bgMu.Unlock()
+	if w.bgClosed {
+		return false
+	}
+	w.bg.Go(func() { f(w.bgCtx) })
+	return true
+}
+
+// close ends the background's context and waits for its goroutines.
+func (w *background) close() {
+	w.bgMu.Lock()
+	w.bgClosed = true
+	w.bgMu.Unlock()
+	w.bgCancel()
+	w.bg.Wait()
+}
+
+// libraryState is the state of the library of Redis Functions (see script.go).
+type libraryState struct {
+	fcall          atomic.Bool  // calls go as FCALL: every master holds the library
+	evalOnly       bool         // tests: calls stay on EVALSHA
 	libraryRefused atomic.Bool  // for good: calls stay on EVALSHA
 	libraryNext    atomic.Int64 // mono: no background load before
 	reloading      atomic.Bool
-	bgMu           sync.Mutex
-	bgClosed       bool
-	bgCtx          context.Context // ends at Close
-	bgCancel       context.CancelFunc
-	bg             sync.WaitGroup        // reloadLibrary, topologyLoop
-	warn           *logthrottle.Throttle // warnings that repeat while Redis is down
+}
+
+// healthSubs tells its subscribers when healthy changes.
+type healthSubs struct {
+	healthy func() bool
+	mu      sync.Mutex
+	subs    map[int]func(bool)
+	next    int
+	last    bool // what the subscribers last heard
+}
+
+// changed tells the subscribers when healthy changed.
+func (h *healthSubs) changed() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	healthy := h.healthy()
+	if healthy == h.last {
+		return
+	}
+	h.last = healthy
+	for _, f := range h.subs {
+		f(healthy)
+	}
+}
+
+func (h *healthSubs) subscribe(f func(healthy bool)) (cancel func()) {
+	h.mu.Lock()
+	id := h.next
+	h.next++
+	h.subs[id] = f
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		delete(h.subs, id)
+		h.mu.Unlock()
+	}
 }
 
 var (
@@ -189,32 +250,27 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	co := clientOptions{poolSize: opts.PoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout}
 	setDefault(&opts.HealthInterval, time.Second)
 	b := &Backend{
+		clock:      &clock{epoch: time.Now()},
+		background: newBackground(),
 		target:     opts.Target,
 		cluster:    opts.Target.Topology == Cluster,
-		merge:      opts.Coalesce > 0,
 		prefix:     opts.KeyPrefix,
 		timeout:    opts.Timeout,
 		probeTO:    opts.ProbeTimeout,
 		now:        opts.Now,
 		log:        opts.Logger,
-		epoch:      time.Now(),
-		subs:       map[int]func(bool){},
-		evalOnly:   opts.evalOnly,
-		clientOpts: co,
-		nodes:      map[string]*node{},
 		warn:       logthrottle.New(opts.Logger, 10*time.Second),
-		controls:   map[string]*goredis.Client{},
-		reloadCh:   make(chan struct{}, 1),
 	}
-	b.nodeCfg = nodeConfig{coalesce: opts.Coalesce, senders: opts.CoalescePipelines, failures: opts.BreakerFailures,
-		cooldown: opts.BreakerCooldown, healthInterval: max(opts.HealthInterval, 0)}
+	b.evalOnly = opts.evalOnly
+	b.health = &healthSubs{healthy: b.Healthy, subs: map[int]func(bool){}}
+	cfg := nodeConfig{coalesce: opts.Coalesce, senders: opts.CoalescePipelines, failures: opts.BreakerFailures,
+		cooldown: opts.BreakerCooldown, healthInterval: max(opts.HealthInterval, 0), probeTimeout: opts.ProbeTimeout}
 	if opts.Coalesce == 0 {
-		b.nodeCfg.coalesce, b.nodeCfg.senders = 1, opts.PoolSize
-		if b.nodeCfg.senders == 0 {
-			b.nodeCfg.senders = 10 * runtime.GOMAXPROCS(0) // go-redis's default pool size
+		cfg.coalesce, cfg.senders = 1, opts.PoolSize
+		if cfg.senders == 0 {
+			cfg.senders = 10 * runtime.GOMAXPROCS(0) // go-redis's default pool size
 		}
 	}
-	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 	if opts.LocalCacheSize > 0 {
 		c, err := newDenials(opts.LocalCacheSize)
 		if err != nil {
@@ -226,13 +282,18 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.LeaseLifetime > 0 {
 		b.leases = newLeases(b, opts.LeaseLifetime)
 	}
+	deps := &nodeDeps{libraryState: &b.libraryState, cfg: cfg, cluster: b.cluster, merge: opts.Coalesce > 0, log: b.log, warn: b.warn,
+		mono: b.mono, nowArg: b.nowArg, libraryWanted: b.libraryWanted, useLibrary: b.useLibrary,
+		refuseLibrary: b.refuseLibrary, reloadLibrary: b.reloadLibrary, healthChanged: b.health.changed,
+		resets: &b.resets, purge: b.PurgeCache}
 	lctx, cancel := context.WithTimeout(ctx, opts.DialTimeout)
 	defer cancel()
 	if b.cluster {
-		b.rdb = newClusterClient(opts.Target, co, b.clusterSlots)
+		b.topo = newClusterTopo(opts.Target, b.prefix, co, deps, b.log, b.warn, b.health.changed)
+		deps.requestReload, deps.epochKey, deps.slotsOf = b.topo.requestReload, b.topo.epochKeyOf, b.topo.slotsOf
+		b.rdb = b.topo.admin
 		b.probe = b.rdb
-		b.lastHealthy = false
-		err := b.reloadTopology(lctx)
+		err := b.topo.reload(lctx)
 		if err == nil {
 			var loaded bool
 			var refused error
@@ -243,19 +304,22 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		if err != nil {
 			b.log.Warn("redis unavailable at start; deciding nothing until it answers", "redis", opts.Target.String(), "err", err)
 		}
-		b.bg.Add(1)
-		go b.topologyLoop()
-		b.healthChanged()
+		b.spawn(b.topo.loop)
+		b.health.changed()
 		return b, nil
 	}
+	epochKey := b.prefix + "epoch{}"
+	deps.requestReload = func(string) {}
+	deps.epochKey = func(*node) string { return epochKey }
+	deps.slotsOf = func(*node) int { return 0 }
 	b.rdb = newClient(opts.Target, co)
 	b.probe = newClient(opts.Target, clientOptions{poolSize: probePoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout, contextTimeout: true})
 	name := opts.Target.Addrs[0]
 	if opts.Target.Topology == Sentinel {
 		name = "sentinel:" + opts.Target.Master
 	}
-	b.single = b.newNode(name, b.rdb, b.probe, false)
-	b.lastHealthy = true
+	b.single = newNode(name, b.rdb, b.probe, false, deps)
+	b.health.last = true
 	// Loaded through the main client: its first connection is then open before any decision.
 	if loaded, refused, err := load(lctx, b.rdb, b.libraryWanted()); err != nil {
 		b.log.Warn("redis unavailable at start; deciding nothing until it answers", "redis", opts.Target.String(), "err", err)
@@ -283,22 +347,6 @@ func setDefault[T comparable](v *T, def T) {
 // at the next probe.
 const probePoolSize = 1024
 
-func (b *Backend) mono() int64 { return int64(time.Since(b.epoch)) }
-
-// healthChanged tells the health subscribers when Healthy changed.
-func (b *Backend) healthChanged() {
-	b.subMu.Lock()
-	defer b.subMu.Unlock()
-	healthy := b.Healthy()
-	if healthy == b.lastHealthy {
-		return
-	}
-	b.lastHealthy = healthy
-	for _, f := range b.subs {
-		f(healthy)
-	}
-}
-
 // Healthy implements backend.Health: false while no node answers (on a single node or
 // Sentinel, while its circuit breaker is open; on a Cluster, while no master in the slot map
 // answers, or there is no map).
@@ -306,8 +354,7 @@ func (b *Backend) Healthy() bool {
 	if !b.cluster {
 		return b.single.br.Allow()
 	}
-	t := b.topo.Load()
-	return t != nil && b.unavailableSlots(t) < slotCount
+	return b.topo.healthy()
 }
 
 // Degraded implements backend.Degradation: on a Cluster, how many slots are unavailable while
@@ -325,26 +372,11 @@ func (b *Backend) slotsDown() int {
 	if !b.cluster {
 		return 0
 	}
-	t := b.topo.Load()
-	if t == nil {
-		return slotCount
-	}
-	return b.unavailableSlots(t)
+	return b.topo.slotsDown()
 }
 
 // SubscribeHealth implements backend.Health.
-func (b *Backend) SubscribeHealth(f func(healthy bool)) (cancel func()) {
-	b.subMu.Lock()
-	id := b.nextSub
-	b.nextSub++
-	b.subs[id] = f
-	b.subMu.Unlock()
-	return func() {
-		b.subMu.Lock()
-		delete(b.subs, id)
-		b.subMu.Unlock()
-	}
-}
+func (b *Backend) SubscribeHealth(f func(healthy bool)) (cancel func()) { return b.health.subscribe(f) }
 
 // PurgeCache implements backend.CachePurger: it forgets every cached denial, and ends every
 // lease, giving back what it did not use. Cached entries are kept per limit, so a changed rule
@@ -401,29 +433,17 @@ func (b *Backend) Close() error {
 		if b.leases != nil {
 			b.leases.close() // gives back every lease, while the nodes still answer
 		}
-		b.bgMu.Lock()
-		b.bgClosed = true
-		b.bgMu.Unlock()
-		b.bgCancel()
-		b.bg.Wait()
-		errs := []error{}
+		b.background.close()
+		var errs []error
 		if b.single != nil {
 			errs = append(errs, b.single.close())
 		}
-		b.nodesMu.Lock()
-		nodes := slices.Collect(maps.Values(b.nodes))
-		controls := slices.Collect(maps.Values(b.controls))
-		b.nodesMu.Unlock()
-		for _, n := range nodes {
-			errs = append(errs, n.close())
+		if b.topo != nil {
+			errs = append(errs, b.topo.close())
 		}
 		b.warn.Close()
-		for _, c := range controls {
-			errs = append(errs, c.Close())
-		}
-		errs = append(errs, b.rdb.Close())
-		if b.probe != b.rdb {
-			errs = append(errs, b.probe.Close())
+		if !b.cluster {
+			errs = append(errs, b.rdb.Close(), b.probe.Close())
 		}
 		err = errors.Join(errs...)
 	})

@@ -73,13 +73,13 @@ func (b *Backend) route(j *job) error {
 	}
 	t := b.topo.Load()
 	if t == nil {
-		b.requestReload(reasonNoMap)
+		b.topo.requestReload(reasonNoMap)
 		return errNoSlotMap
 	}
 	for k := range j.calls {
 		n := t.owner[j.slots[k]]
 		if n == nil {
-			b.requestReload(reasonNodeDown)
+			b.topo.requestReload(reasonNodeDown)
 			return errUnowned
 		}
 		j.calls[k].node = n
@@ -107,11 +107,11 @@ func (b *Backend) rerouted(j *job) bool {
 			any = true
 		}
 		if ask {
-			b.requestReload(reasonAsk)
+			b.topo.requestReload(reasonAsk)
 		} else {
-			b.requestReload(reasonMoved)
+			b.topo.requestReload(reasonMoved)
 		}
-		c.err, c.asking, c.node = nil, ask, b.nodeFor(addr)
+		c.err, c.asking, c.node = nil, ask, b.topo.nodeFor(addr)
 		j.addToGroup(c.node, c)
 	}
 	return any

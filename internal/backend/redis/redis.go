@@ -78,6 +78,7 @@ type Options struct {
 // what decides (the leases layer over the core, or the core); the health subscribers; the
 // library's state; the background work and the clock they share.
 type Backend struct {
+	*core        // what decides without leases (decide.go)
 	*clock       // mono, the instants of nodes and leases
 	*background  // goroutines that outlive a call: the library's loads, undos, the topology's loop
 	libraryState // the library of Redis Functions: FCALL or EVALSHA (script.go)
@@ -91,24 +92,29 @@ type Backend struct {
 	single *node        // single node and Sentinel
 	topo   *clusterTopo // Cluster
 
+	dec    decider // what Decide calls: the leases layer over the core, or the core
+	leases *leases // nil when disabled
+
 	target    Target
-	cluster   bool
-	prefix    string
-	timeout   time.Duration
 	probeTO   time.Duration
-	now       func() time.Time
 	log       *slog.Logger
 	warn      *logthrottle.Throttle // warnings that repeat while Redis is down
-	cache     *denials              // nil when disabled
-	leases    *leases               // nil when disabled
-	jobs      sync.Pool             // *job
-	cacheHits atomic.Uint64
-	resets    atomic.Uint64 // data losses found
+	resets    atomic.Uint64         // data losses found
 	health    *healthSubs
 	closeOnce sync.Once
+}
 
-	// scriptNow, when set (tests), is the instant the script decides at instead of Redis TIME.
-	scriptNow func() int64
+// decider decides a batch: the core, or the leases layer over it.
+type decider interface {
+	Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error)
+}
+
+// Decide implements backend.Backend.
+func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
+	if len(out) < len(reqs) {
+		return false, fmt.Errorf("redis backend: %d decisions for %d requests", len(out), len(reqs))
+	}
+	return b.dec.Decide(ctx, reqs, out[:len(reqs)])
 }
 
 // clock is the backend's monotonic clock.
@@ -249,18 +255,20 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	co := clientOptions{poolSize: opts.PoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout}
 	setDefault(&opts.HealthInterval, time.Second)
+	work := newBackground()
+	c := &core{prefix: opts.KeyPrefix, cluster: opts.Target.Topology == Cluster, timeout: opts.Timeout, now: opts.Now,
+		log: opts.Logger, work: work}
+	c.jobs.New = func() any { return newJob() }
 	b := &Backend{
+		core:       c,
 		clock:      &clock{epoch: time.Now()},
-		background: newBackground(),
+		background: work,
 		target:     opts.Target,
-		cluster:    opts.Target.Topology == Cluster,
-		prefix:     opts.KeyPrefix,
-		timeout:    opts.Timeout,
 		probeTO:    opts.ProbeTimeout,
-		now:        opts.Now,
 		log:        opts.Logger,
 		warn:       logthrottle.New(opts.Logger, 10*time.Second),
 	}
+	b.dec = c
 	b.evalOnly = opts.evalOnly
 	b.health = &healthSubs{healthy: b.Healthy, subs: map[int]func(bool){}}
 	cfg := nodeConfig{coalesce: opts.Coalesce, senders: opts.CoalescePipelines, failures: opts.BreakerFailures,
@@ -278,9 +286,9 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		}
 		b.cache = c
 	}
-	b.jobs.New = func() any { return newJob() }
 	if opts.LeaseLifetime > 0 {
-		b.leases = newLeases(b, opts.LeaseLifetime)
+		b.leases = newLeases(c, b.mono, opts.LeaseLifetime)
+		b.dec = b.leases
 	}
 	deps := &nodeDeps{libraryState: &b.libraryState, cfg: cfg, cluster: b.cluster, merge: opts.Coalesce > 0, log: b.log, warn: b.warn,
 		mono: b.mono, nowArg: b.nowArg, libraryWanted: b.libraryWanted, useLibrary: b.useLibrary,
@@ -290,6 +298,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	defer cancel()
 	if b.cluster {
 		b.topo = newClusterTopo(opts.Target, b.prefix, co, deps, b.log, b.warn, b.health.changed)
+		c.topo = b.topo
 		deps.requestReload, deps.epochKey, deps.slotsOf = b.topo.requestReload, b.topo.epochKeyOf, b.topo.slotsOf
 		b.rdb = b.topo.admin
 		b.probe = b.rdb
@@ -319,6 +328,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		name = "sentinel:" + opts.Target.Master
 	}
 	b.single = newNode(name, b.rdb, b.probe, false, deps)
+	c.single = b.single
 	b.health.last = true
 	// Loaded through the main client: its first connection is then open before any decision.
 	if loaded, refused, err := load(lctx, b.rdb, b.libraryWanted()); err != nil {

@@ -63,7 +63,7 @@ func crc16(s string) uint16 {
 }
 
 // route groups j's calls by the node they go to.
-func (b *Backend) route(j *job) error {
+func (b *core) route(j *job) error {
 	j.groups = j.groups[:0]
 	if !b.cluster {
 		for k := range j.calls {
@@ -91,7 +91,7 @@ func (b *Backend) route(j *job) error {
 // rerouted regroups the calls of j that found their slot moved (MOVED or ASK: they ran nothing)
 // to the nodes their replies name, and asks for the slot map again. It reports whether there
 // were any. Off a Cluster there are no slots to follow: a redirect is an error like any other.
-func (b *Backend) rerouted(j *job) bool {
+func (b *core) rerouted(j *job) bool {
 	if !b.cluster {
 		return false
 	}

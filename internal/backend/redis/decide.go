@@ -36,8 +36,12 @@ type core struct {
 	cacheHits atomic.Uint64
 	jobs      sync.Pool // *job
 
-	// scriptNow, when set (tests), is the instant the script decides at instead of Redis TIME.
-	scriptNow func() int64
+	testHooks // zero but in tests
+}
+
+// testHooks are set by tests only (see export_test.go); they are zero in production.
+type testHooks struct {
+	scriptNow func() int64 // the instant the script decides at instead of Redis TIME
 }
 
 // hasCore is what a plan reads its settings from: the core, or the Backend around it.

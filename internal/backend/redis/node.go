@@ -60,7 +60,7 @@ type node struct {
 	// its data (FLUSHALL, a restart without persistence). Touched by the health check only.
 	epochKey   string
 	epochValue string
-	epochSet   atomic.Bool // an epoch is known
+	epochSet   atomic.Bool // an epoch is known: what tests wait for (export_test.go)
 	// Redis's INFO, read by the health check only (see memory.go): the reading before the epoch
 	// was last seen as known (epochInfo), and the latest (lastInfo).
 	epochInfo   infoSnap
@@ -382,9 +382,6 @@ func (n *node) checkEpoch() {
 		n.epochInfo = before
 	}
 }
-
-// epochKnown reports whether the node's epoch is known.
-func (n *node) epochKnown() bool { return n.epochSet.Load() }
 
 func (n *node) lostData(why string) {
 	d := n.deps

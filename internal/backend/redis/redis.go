@@ -322,7 +322,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	deps.epochKey = func(*node) string { return epochKey }
 	deps.slotsOf = func(*node) int { return 0 }
 	b.rdb = newClient(opts.Target, co)
-	b.probe = newClient(opts.Target, clientOptions{poolSize: probePoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout, contextTimeout: true})
+	b.probe = newClient(opts.Target, probeOptions(co))
 	name := opts.Target.Addrs[0]
 	if opts.Target.Topology == Sentinel {
 		name = "sentinel:" + opts.Target.Master
@@ -348,14 +348,6 @@ func setDefault[T comparable](v *T, def T) {
 		*v = def
 	}
 }
-
-// probePoolSize is the probe client's pool size. The probe holds at most two connections (the
-// breaker's probe and kickProbe's, one each), but go-redis also takes the pool size as the
-// number of failed dials after which a pool stops dialling: it then answers with its last dial
-// error and dials only in the background, once a second. A pool of one would stop after the
-// first refused probe, and a Redis that came back would be found a second later rather than
-// at the next probe.
-const probePoolSize = 1024
 
 // Healthy implements backend.Health: false while no node answers (on a single node or
 // Sentinel, while its circuit breaker is open; on a Cluster, while no master in the slot map

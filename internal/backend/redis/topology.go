@@ -269,8 +269,7 @@ func (t *clusterTopo) nodeFor(addr string) *node {
 		return n
 	}
 	rdb := newNodeClient(t.target, addr, t.clients)
-	probe := newNodeClient(t.target, addr, clientOptions{poolSize: probePoolSize, dialTimeout: t.clients.dialTimeout,
-		readTimeout: t.clients.readTimeout, contextTimeout: true})
+	probe := newNodeClient(t.target, addr, probeOptions(t.clients))
 	n := newNode(addr, rdb, probe, true, t.deps)
 	if t.closed {
 		_ = n.close()
@@ -289,8 +288,7 @@ func (t *clusterTopo) control(addr string) *goredis.Client {
 	if c, ok := t.controls[addr]; ok {
 		return c
 	}
-	c := newNodeClient(t.target, addr, clientOptions{poolSize: 2, dialTimeout: min(t.clients.dialTimeout, fetchTimeout),
-		readTimeout: t.clients.readTimeout, contextTimeout: true}).(*goredis.Client)
+	c := newControlClient(t.target, addr, t.clients)
 	if !t.closed {
 		t.controls[addr] = c
 	}

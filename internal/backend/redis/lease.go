@@ -42,7 +42,7 @@ import (
 // an overdraft charge) lease. The keys tracked are bounded: a table of leaseSlots entries by the
 // key's hash, a key with a lease or with demand keeping its entry against colder keys.
 type leases struct {
-	next     leaseCore    // what decides without leases, and gives back
+	next     *core        // what decides without leases, and gives back (see Backend.Decide on why not an interface)
 	mono     func() int64 // the backend's monotonic clock
 	lifetime time.Duration
 	usable   int64 // ns: how long after its charge a lease admits (the lifetime)
@@ -124,17 +124,8 @@ func (s *leaseSlot) clear() {
 	s.heldUntil, s.expires = 0, 0
 }
 
-// leaseCore is what the leases layer wraps: the decisions without leases (decideAt also
-// reports the instant, in Redis's clock, each request was decided at) and the sending of what
-// ended leases did not use back to Redis.
-type leaseCore interface {
-	Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error)
-	decideAt(ctx context.Context, reqs []backend.Request, out []backend.Decision, at []int64) (bool, error)
-	giveBack(rs []leftover) (returned, expired, dropped int64)
-}
-
 // newLeases returns the leases layer over next, and starts its sweeper (see close).
-func newLeases(next leaseCore, mono func() int64, lifetime time.Duration) *leases {
+func newLeases(next *core, mono func() int64, lifetime time.Duration) *leases {
 	l := &leases{next: next, mono: mono, lifetime: lifetime, usable: int64(lifetime), window: int64(lifetime / 2), seed: maphash.MakeSeed(),
 		active: map[int]struct{}{}, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go l.sweep()

@@ -92,8 +92,7 @@ type Backend struct {
 	single *node        // single node and Sentinel
 	topo   *clusterTopo // Cluster
 
-	dec    decider // what Decide calls: the leases layer over the core, or the core
-	leases *leases // nil when disabled
+	leases *leases // the layer over the core that Decide calls when leases are on; nil when off
 
 	target    Target
 	probeTO   time.Duration
@@ -109,12 +108,30 @@ type decider interface {
 	Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error)
 }
 
-// Decide implements backend.Backend.
+var (
+	_ backend.Backend     = (*Backend)(nil)
+	_ backend.Health      = (*Backend)(nil)
+	_ backend.CachePurger = (*Backend)(nil)
+	_ backend.CacheStats  = (*Backend)(nil)
+	_ backend.Resetter    = (*Backend)(nil)
+	_ backend.Degradation = (*Backend)(nil)
+
+	_ decider = (*core)(nil)
+	_ decider = (*leases)(nil)
+)
+
+// Decide implements backend.Backend: the leases layer decides when leases are on, the core
+// otherwise. Each is called as what it is, not through decider: through an interface, the
+// compiler cannot tell that the batch's slices do not outlive the call, and a caller's reqs
+// and out would be moved to the heap, two allocations a decision.
 func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
 	if len(out) < len(reqs) {
 		return false, fmt.Errorf("redis backend: %d decisions for %d requests", len(out), len(reqs))
 	}
-	return b.dec.Decide(ctx, reqs, out[:len(reqs)])
+	if b.leases != nil {
+		return b.leases.Decide(ctx, reqs, out[:len(reqs)])
+	}
+	return b.core.Decide(ctx, reqs, out[:len(reqs)])
 }
 
 // clock is the backend's monotonic clock.
@@ -203,15 +220,6 @@ func (h *healthSubs) subscribe(f func(healthy bool)) (cancel func()) {
 	}
 }
 
-var (
-	_ backend.Backend     = (*Backend)(nil)
-	_ backend.Health      = (*Backend)(nil)
-	_ backend.CachePurger = (*Backend)(nil)
-	_ backend.CacheStats  = (*Backend)(nil)
-	_ backend.Resetter    = (*Backend)(nil)
-	_ backend.Degradation = (*Backend)(nil)
-)
-
 // Errors, each wrapping backend.ErrUnavailable.
 var (
 	// errOpen is returned while the circuit breaker is open.
@@ -268,7 +276,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		log:        opts.Logger,
 		warn:       logthrottle.New(opts.Logger, 10*time.Second),
 	}
-	b.dec = c
 	b.evalOnly = opts.evalOnly
 	b.health = &healthSubs{healthy: b.Healthy, subs: map[int]func(bool){}}
 	cfg := nodeConfig{coalesce: opts.Coalesce, senders: opts.CoalescePipelines, failures: opts.BreakerFailures,
@@ -288,7 +295,6 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	if opts.LeaseLifetime > 0 {
 		b.leases = newLeases(c, b.mono, opts.LeaseLifetime)
-		b.dec = b.leases
 	}
 	deps := &nodeDeps{libraryState: &b.libraryState, cfg: cfg, cluster: b.cluster, merge: opts.Coalesce > 0, log: b.log, warn: b.warn,
 		mono: b.mono, nowArg: b.nowArg, libraryWanted: b.libraryWanted, useLibrary: b.useLibrary,

@@ -299,7 +299,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	deps := &nodeDeps{libraryState: &b.libraryState, cfg: cfg, cluster: b.cluster, merge: opts.Coalesce > 0, log: b.log, warn: b.warn,
 		mono: b.mono, nowArg: b.nowArg, libraryWanted: b.libraryWanted, useLibrary: b.useLibrary,
 		refuseLibrary: b.refuseLibrary, reloadLibrary: b.reloadLibrary, healthChanged: b.health.changed,
-		resets: &b.resets, purge: b.PurgeCache}
+		resets: &b.resets, purge: func() { purge(c, b.leases) }}
 	lctx, cancel := context.WithTimeout(ctx, opts.DialTimeout)
 	defer cancel()
 	if b.cluster {
@@ -390,12 +390,15 @@ func (b *Backend) SubscribeHealth(f func(healthy bool)) (cancel func()) { return
 // lease, giving back what it did not use. Cached entries are kept per limit, so a changed rule
 // never reuses a denial made under the old one; this is for when Redis state was reset, and
 // for a rule reload, whose limits leases were not charged under.
-func (b *Backend) PurgeCache() {
-	if b.cache != nil {
-		b.cache.c.Purge()
+func (b *Backend) PurgeCache() { purge(b.core, b.leases) }
+
+// purge forgets c's cached denials and ends the leases of l (nil when off).
+func purge(c *core, l *leases) {
+	if c.cache != nil {
+		c.cache.c.Purge()
 	}
-	if b.leases != nil {
-		b.leases.release()
+	if l != nil {
+		l.release()
 	}
 }
 

@@ -36,7 +36,6 @@ type node struct {
 	name  string                  // its address, the label of its metrics ("sentinel:<master>" for Sentinel)
 	rdb   goredis.UniversalClient // the decisions' connections
 	probe goredis.UniversalClient // the probe's and the health check's own connections
-	own   bool                    // rdb and probe belong to this node (Cluster): close closes them
 	co    *pipeline.Coalescer[*call]
 	br    nodeBreaker
 
@@ -119,9 +118,10 @@ type nodeDeps struct {
 	purge         func()         // forget what this process knows of Redis's state: denials, leases
 }
 
-// newNode returns a node on rdb and probe, its health check not started (see start).
-func newNode(name string, rdb, probe goredis.UniversalClient, own bool, d *nodeDeps) *node {
-	n := &node{deps: d, name: name, rdb: rdb, probe: probe, own: own}
+// newNode returns a node on rdb and probe, which are its own from then on (close closes them),
+// its health check not started (see start).
+func newNode(name string, rdb, probe goredis.UniversalClient, d *nodeDeps) *node {
+	n := &node{deps: d, name: name, rdb: rdb, probe: probe}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if d.cluster {
 		n.errOpen = fmt.Errorf("%w: redis: the master of the key's slot is down (circuit breaker open)", backend.ErrUnavailable)
@@ -162,10 +162,10 @@ func (n *node) goBackground(f func()) bool {
 	return true
 }
 
-// close stops the node's goroutines (its health check, probes, breaker probe and senders) and,
-// when they are its own, closes its connections. Calls queued or in flight are answered first;
-// a decision that submits to the node after is refused (see errGone), and one that sends on its
-// clients after gets their error (closed): both fail as Redis unavailable.
+// close stops the node's goroutines (its health check, probes, breaker probe and senders) and
+// closes its clients. Calls queued or in flight are answered first; a decision that submits to
+// the node after is refused (see errGone), and one that sends on its clients after gets their
+// error (closed): both fail as Redis unavailable.
 func (n *node) close() error {
 	n.closeMu.Lock()
 	n.closed = true
@@ -174,10 +174,7 @@ func (n *node) close() error {
 	n.wg.Wait()
 	n.br.Close()
 	n.co.Close()
-	if n.own {
-		return errors.Join(n.rdb.Close(), n.probe.Close())
-	}
-	return nil
+	return errors.Join(n.rdb.Close(), n.probe.Close())
 }
 
 // errGone is the error of a decision that reached a node being closed: a master that left the

@@ -83,10 +83,9 @@ type Backend struct {
 	*background  // goroutines that outlive a call: the library's loads, undos, the topology's loop
 	libraryState // the library of Redis Functions: FCALL or EVALSHA (script.go)
 
-	// rdb and probe are the clients of the topology: on a single node and Sentinel, the
-	// decisions' (the node's) and the probe's; on a Cluster, go-redis's ClusterClient (the
-	// topology's admin client), kept for keys' administration (Reset), while decisions go
-	// through each master's node.
+	// rdb and probe are, on a single node and Sentinel, the node's clients (the decisions' and
+	// the probe's, closed with it); on a Cluster, both the topology's admin ClusterClient, kept
+	// for keys' administration (Reset), while decisions go through each master's node.
 	rdb    goredis.UniversalClient
 	probe  goredis.UniversalClient
 	single *node        // single node and Sentinel
@@ -333,7 +332,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.Target.Topology == Sentinel {
 		name = "sentinel:" + opts.Target.Master
 	}
-	b.single = newNode(name, b.rdb, b.probe, false, deps)
+	b.single = newNode(name, b.rdb, b.probe, deps)
 	c.single = b.single
 	b.health.last = true
 	// Loaded through the main client: its first connection is then open before any decision.
@@ -453,9 +452,6 @@ func (b *Backend) Close() error {
 			errs = append(errs, b.topo.close())
 		}
 		b.warn.Close()
-		if !b.cluster {
-			errs = append(errs, b.rdb.Close(), b.probe.Close())
-		}
 		err = errors.Join(errs...)
 	})
 	return err

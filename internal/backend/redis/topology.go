@@ -270,7 +270,7 @@ func (t *clusterTopo) nodeFor(addr string) *node {
 	}
 	rdb := newNodeClient(t.target, addr, t.clients)
 	probe := newNodeClient(t.target, addr, probeOptions(t.clients))
-	n := newNode(addr, rdb, probe, true, t.deps)
+	n := newNode(addr, rdb, probe, t.deps)
 	if t.closed {
 		_ = n.close()
 		return n

@@ -98,6 +98,9 @@ func (b *core) rerouted(j *job) bool {
 	any := false
 	for k := range j.calls {
 		c := &j.calls[k]
+		if c.err == nil {
+			continue // and spares redirect's two allocations (go-redis's HasErrorPrefix) a call
+		}
 		addr, ask, ok := redirect(c.err)
 		if !ok {
 			continue

@@ -4,42 +4,59 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
+	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
-
-	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/limit"
+	"github.com/rls-project/rls/internal/pipeline"
 )
 
 // This file is one decision, in the order it runs: the local cache, the plan (the script
 // calls), the send (through route.go's groups: one on a single node, one per master on a
 // Cluster), the settle (the replies into decisions, under the batch rule), the undo (of what a
 // refused or failed batch charged), and what the cache learns. The calls' encoding is
-// contract.go's; their pipelines are node.go's and coalesce.go's.
+// contract.go's; their pipelines are their nodes' (node.go, send.go).
 
-// Decide implements backend.Backend.
-func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
-	if len(out) < len(reqs) {
-		return false, fmt.Errorf("redis backend: %d decisions for %d requests", len(out), len(reqs))
-	}
-	out = out[:len(reqs)]
-	if b.leases != nil {
-		return b.leases.decide(ctx, reqs, out)
-	}
-	return b.decide(ctx, reqs, out)
+// core decides batches in Redis, without leases: the local cache of denials, the plan, the
+// route to the nodes (the single node's, or the topology's), the send, the settle, the undo.
+// The leases layer (lease.go) sits over it when leases are on.
+type core struct {
+	prefix    string
+	cluster   bool
+	timeout   time.Duration
+	now       func() time.Time // this process's clock: the cache's, and calendar windows'
+	log       *slog.Logger
+	single    *node        // single node and Sentinel
+	topo      *clusterTopo // Cluster
+	work      *background  // undos out of the caller's time
+	cache     *denials     // nil when disabled
+	cacheHits atomic.Uint64
+	jobs      sync.Pool // *job
+
+	testHooks // zero but in tests
 }
 
-// decide is Decide without leases (see lease.go).
-func (b *Backend) decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
-	return b.decideAt(ctx, reqs, out, nil)
+// testHooks are set by tests only (see export_test.go); they are zero in production.
+type testHooks struct {
+	scriptNow func() int64 // the instant the script decides at instead of Redis TIME
 }
 
-// decideAt is decide that also reports, in at when it is not nil, the instant (µs, Redis's
+// hasCore is what a plan reads its settings from: the core, or the Backend around it.
+type hasCore interface{ decisions() *core }
+
+func (c *core) decisions() *core { return c }
+
+// Decide decides reqs into out (as long as reqs), without leases.
+func (c *core) Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
+	return c.decideAt(ctx, reqs, out, nil)
+}
+
+// decideAt is Decide that also reports, in at when it is not nil, the instant (µs, Redis's
 // clock) each request sent to Redis was decided at; a request decided without Redis keeps 0.
-func (b *Backend) decideAt(ctx context.Context, reqs []backend.Request, out []backend.Decision, at []int64) (bool, error) {
+func (b *core) decideAt(ctx context.Context, reqs []backend.Request, out []backend.Decision, at []int64) (bool, error) {
 
 	// The cache: a batch it knows to be denied is answered here.
 	var sent time.Time
@@ -114,7 +131,7 @@ type job struct {
 	idx   [][]int // per call: its requests' indices, in batch order
 
 	groups []group
-	pend   []*pending // backing store of the groups' pendings
+	pend   []*pipeline.Pending[*call] // backing store of the groups' pendings
 
 	// After a failed send: some group may still belong to its sender (abandoned), and the calls
 	// whose replies must not be read (unread).
@@ -126,16 +143,17 @@ func newJob() *job { return &job{} }
 
 // group is the calls of a decision that go to one node.
 type group struct {
-	n   *node
-	p   *pending
-	res waitResult
+	n    *node
+	p    *pipeline.Pending[*call]
+	res  pipeline.Result
+	gone bool // its node refused it: closed (see node.close)
 }
 
 // fromCache answers the batch when the cache knows every request of it is denied. held
 // reports whether the cache may hold an entry for some key of the batch: an admitted decision
 // must then drop it (its remaining and reset are stale), and only then, so that the common
 // admitted decision on an uncached key does not take the cache's lock again.
-func (b *Backend) fromCache(reqs []backend.Request, out []backend.Decision, now time.Time) (answered, held bool) {
+func (b *core) fromCache(reqs []backend.Request, out []backend.Decision, now time.Time) (answered, held bool) {
 	for i := range reqs {
 		r := &reqs[i]
 		if r.Limit.Rate == 0 {
@@ -157,7 +175,8 @@ func (b *Backend) fromCache(reqs []backend.Request, out []backend.Decision, now 
 // where the batch rule (backend.Charged) is cut into the parts each call can apply alone, as
 // decide.lua's charges applies it. It returns the requests' validation error, if any (a bug in
 // the caller: not unavailability).
-func (j *job) plan(b *Backend, reqs []backend.Request, out []backend.Decision) error {
+func (j *job) plan(h hasCore, reqs []backend.Request, out []backend.Decision) error {
+	b := h.decisions()
 	j.calls = j.calls[:0]
 	j.slots = j.slots[:0]
 	j.idx = j.idx[:0]
@@ -264,10 +283,10 @@ func decideRateZero(r *backend.Request) backend.Decision {
 // Budget returns how long a decision asked with ctx may take: the caller's deadline less a
 // margin (half of what is left, at least 2ms: time for the failure mode's answer to reach the
 // caller before its deadline on a busy machine), capped by Options.Timeout.
-func (b *Backend) Budget(ctx context.Context) time.Duration { return b.budgetAt(ctx, time.Now()) }
+func (b *core) Budget(ctx context.Context) time.Duration { return b.budgetAt(ctx, time.Now()) }
 
 // budgetAt is Budget at the instant now.
-func (b *Backend) budgetAt(ctx context.Context, now time.Time) time.Duration {
+func (b *core) budgetAt(ctx context.Context, now time.Time) time.Duration {
 	d, ok := ctx.Deadline()
 	if !ok {
 		return b.timeout
@@ -281,12 +300,12 @@ func (b *Backend) budgetAt(ctx context.Context, now time.Time) time.Duration {
 // (MOVED, ASK on a Cluster: it ran nothing) is sent once more, to the node the reply names. The
 // decision fails, sending nothing, when a node it needs is known to be down; when some node
 // does not answer in time, it fails too (see undoFailed).
-func (b *Backend) send(ctx context.Context, j *job, now time.Time, budget time.Duration) error {
+func (b *core) send(ctx context.Context, j *job, now time.Time, budget time.Duration) error {
 	if err := b.route(j); err != nil {
 		return err
 	}
 	for _, g := range j.groups {
-		if !g.n.br.allow() {
+		if !g.n.br.Allow() {
 			return g.n.errOpen
 		}
 	}
@@ -309,29 +328,32 @@ func (b *Backend) send(ctx context.Context, j *job, now time.Time, budget time.D
 func (j *job) sendGroups(ctx context.Context, deadline time.Time) error {
 	for i := range j.groups {
 		g := &j.groups[i]
-		g.res = replied
-		if !g.n.co.submit(g.p, deadline) {
-			g.res = unsent
+		g.res, g.gone = pipeline.Replied, false
+		if !g.n.co.Submit(g.p, deadline) {
+			g.res, g.gone = pipeline.Unsent, true
 		}
 	}
 	var err error
 	for i := range j.groups {
 		g := &j.groups[i]
-		if g.res == replied {
-			g.res = g.n.co.await(g.p, ctx.Done())
+		if g.res == pipeline.Replied {
+			g.res = g.n.co.Await(g.p, ctx.Done())
 		}
 		switch g.res {
-		case replied:
+		case pipeline.Replied:
 			continue
-		case inFlight, canceled:
+		case pipeline.InFlight, pipeline.Canceled:
 			j.abandoned = true
 		}
 		if err != nil {
 			continue
 		}
-		if g.res == canceled {
+		switch {
+		case g.gone:
+			err = errGone
+		case g.res == pipeline.Canceled:
 			err = fmt.Errorf("%w: %w", backend.ErrUnavailable, ctx.Err())
-		} else {
+		default:
 			err = g.n.ranOut()
 		}
 	}
@@ -339,8 +361,8 @@ func (j *job) sendGroups(ctx context.Context, deadline time.Time) error {
 		// Only the replied calls are read: the others may belong to their senders still.
 		j.unread = map[*call]bool{}
 		for _, g := range j.groups {
-			if g.res == inFlight || g.res == canceled {
-				for _, c := range g.p.calls {
+			if g.res == pipeline.InFlight || g.res == pipeline.Canceled {
+				for _, c := range g.p.Calls {
 					j.unread[c] = true
 				}
 			}
@@ -400,92 +422,6 @@ func (j *job) settle(reqs []backend.Request, out []backend.Decision) (admitted, 
 	return false, true, nil
 }
 
-// undoFailed gives back, out of the caller's time, what the replied calls of a failed send
-// charged (some node charged its part of a decision that failed), and reports whether it took
-// j to do so: j then never goes back to the pool.
-func (b *Backend) undoFailed(j *job, reqs []backend.Request) bool {
-	charged := false
-	for k := range j.calls {
-		c := &j.calls[k]
-		charged = charged || !j.unread[c] && c.err == nil && c.charged
-	}
-	if !charged {
-		return false
-	}
-	rs := append([]backend.Request(nil), reqs...)
-	b.bgMu.Lock()
-	if b.bgClosed {
-		b.bgMu.Unlock()
-		return true
-	}
-	b.bg.Add(1)
-	b.bgMu.Unlock()
-	go func() {
-		defer b.bg.Done()
-		ctx, cancel := context.WithTimeout(b.bgCtx, max(b.timeout, time.Second))
-		defer cancel()
-		if uerr := j.undo(ctx, b, rs, j.unread); uerr != nil {
-			b.log.Debug("redis: the charges of a failed decision were not given back", "err", uerr)
-		}
-	}()
-	return true
-}
-
-// undo gives back what the charged calls of j wrote, but for those in skip, on the nodes that
-// charged them.
-func (j *job) undo(ctx context.Context, b *Backend, reqs []backend.Request, skip map[*call]bool) error {
-	type nodeUndo struct {
-		n    *node
-		cmds []*goredis.Cmd
-	}
-	var undos []nodeUndo
-	for k := range j.calls {
-		c := &j.calls[k]
-		if skip[c] || !c.charged || c.err != nil {
-			continue
-		}
-		c.charged = false
-		var keys []string
-		var vals []byte
-		for n, i := range j.idx[k] {
-			var ok bool
-			if vals, ok = c.appendUndo(vals, n, &reqs[i]); ok {
-				keys = append(keys, c.keys[n])
-			}
-		}
-		if len(keys) == 0 {
-			continue
-		}
-		n := c.node
-		if n == nil {
-			n = b.single
-		}
-		u := slices.IndexFunc(undos, func(u nodeUndo) bool { return u.n == n })
-		if u < 0 {
-			undos = append(undos, nodeUndo{n: n})
-			u = len(undos) - 1
-		}
-		undos[u].cmds = append(undos[u].cmds, newScriptCmd(undoArgs(script.Hash(), b.nowArg(), keys, vals)))
-	}
-	var wg sync.WaitGroup
-	for _, u := range undos {
-		wg.Go(func() { u.n.observe(u.n.exec(ctx, u.cmds, nil), u.cmds) })
-	}
-	wg.Wait()
-	var err error
-	for _, u := range undos {
-		for _, c := range u.cmds {
-			if cerr := c.Err(); cerr != nil && err == nil {
-				err = classify(cerr)
-			}
-		}
-	}
-	if err != nil {
-		return fmt.Errorf("undoing the charges of a refused batch: %w", err)
-	}
-	return nil
-}
-
 // repeated reports whether the key of reqs[i] occurs elsewhere in reqs: the cache learns
 // nothing of it (its decision depends on the other occurrences).
 func repeated(reqs []backend.Request, i int) bool {
@@ -498,7 +434,7 @@ func repeated(reqs []backend.Request, i int) bool {
 }
 
 // nowArg is the instant the script decides at: 0 for Redis TIME.
-func (b *Backend) nowArg() int64 {
+func (b *core) nowArg() int64 {
 	if b.scriptNow != nil {
 		return b.scriptNow()
 	}

@@ -13,16 +13,20 @@
 // call per slot, sent to each slot's master; when one slot refuses the batch, the charges the
 // others made are undone in a second round trip (the only case with two).
 //
-// A decision runs top to bottom in decide.go: the local cache, the plan, the send (route.go is
-// the one seam between a single node and a Cluster), the settle, the undo, what the cache
-// learns.
+// The backend is parts, each handed what it needs and none calling back into Backend (see
+// ARCHITECTURE.md): the core, which decides (decide.go, top to bottom: the local cache, the
+// plan, the send — route.go is the one seam between a single node and a Cluster —, the settle,
+// the undo, what the cache learns); the leases layer over it when leases are on (lease.go); the
+// single node or the Cluster's topology (topology.go), which owns the nodes; and the nodes.
 //
 // Each master (the single node, Sentinel's master, each master of a Cluster) is a node with its
-// own pipelines, circuit breaker, probe and health check (node.go): a master that fails or
-// hangs fails only the decisions on its keys, and its errors never land on another master's
-// calls. A Cluster's slot map is rls's own (topology.go), reloaded on a redirect, a failed node
-// or CLUSTERDOWN, every 250 ms while part of it is down and every 10 s otherwise. No script
-// call that may have run is ever sent again.
+// own clients, pipelines (internal/pipeline), circuit breaker (internal/breaker), probe and
+// health check (node.go): a master that fails or hangs fails only the decisions on its keys,
+// and its errors never land on another master's calls. A Cluster's slot map is rls's own
+// (topology.go), reloaded on a redirect, a failed node or CLUSTERDOWN, every 250 ms while part
+// of it is down and every 10 s otherwise; a master that leaves the map has its node closed. No
+// script call that may have run is ever sent again. Every go-redis client is built in
+// clients.go.
 //
 // Around that: a local cache of denials (a key Redis denied for a cost until some instant is
 // denied from memory until then, without a round trip: under every algorithm only time admits it

@@ -95,7 +95,7 @@ func TestClusterMovedSentOnce(t *testing.T) {
 	}
 	fromRan := scriptCalls(t, c, from)
 	toRan := scriptCalls(t, c, to)
-	movedBefore := b.reloads[0].Load()
+	movedBefore := b.topo.reloads[0].Load()
 	if err := decide(key); err != nil {
 		t.Fatalf("deciding a key whose slot moved: %v, want it decided by the new owner", err)
 	}
@@ -110,9 +110,9 @@ func TestClusterMovedSentOnce(t *testing.T) {
 		t.Fatalf("the key's state on the new owner: %d, %v; want it there", n, err)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for b.reloads[0].Load() == movedBefore || b.topo.Load().owner[s].name != to {
+	for b.topo.reloads[0].Load() == movedBefore || b.topo.Load().owner[s].name != to {
 		if time.Now().After(deadline) {
-			t.Fatalf("the slot map was not reloaded after MOVED (moved reloads %d)", b.reloads[0].Load())
+			t.Fatalf("the slot map was not reloaded after MOVED (moved reloads %d)", b.topo.reloads[0].Load())
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -166,7 +166,7 @@ func TestClusterHungMasterFailsOnlyItsSlots(t *testing.T) {
 			}
 		}
 		err := decide(byMaster[hung][0])
-		n := b.nodeFor(hung)
+		n := b.topo.nodeFor(hung)
 		switch {
 		case errors.Is(err, n.errOpen):
 			open++
@@ -187,7 +187,7 @@ func TestClusterHungMasterFailsOnlyItsSlots(t *testing.T) {
 	if !b.Healthy() || !strings.Contains(b.Degraded(), "slots unavailable") {
 		t.Errorf("healthy %v, degraded %q with one master down: want healthy and degraded", b.Healthy(), b.Degraded())
 	}
-	if b.nodeFor(hung).slow.Load() == 0 {
+	if b.topo.nodeFor(hung).slow.Load() == 0 {
 		t.Errorf("no decision counted as Redis slow (slow errors seen %d, overload and others %d)", slow, others)
 	}
 	t.Logf("hung master: %d failed as slow, %d fast with the breaker open, %d otherwise (overload)", slow, open, others)
@@ -216,7 +216,7 @@ func TestClusterStateLossFound(t *testing.T) {
 	// Wait until every master's epoch is known.
 	deadline := time.Now().Add(5 * time.Second)
 	for _, m := range masters {
-		for !b.nodeFor(m).epochKnown() {
+		for !b.topo.nodeFor(m).epochKnown() {
 			if time.Now().After(deadline) {
 				t.Fatalf("no epoch known for %s", m)
 			}

@@ -31,12 +31,8 @@ func chargeLease(t *testing.T, b *Backend, key string, l limit.Limit, k int64) l
 // giveBackNow sends g back to Redis at once and returns what the leases' counters gained.
 func giveBackNow(t *testing.T, b *Backend, g leftover) (returned, expired, dropped uint64) {
 	t.Helper()
-	l := b.leases
-	r0, e0, d0 := l.returned.Load(), l.expired.Load(), l.dropped.Load()
-	for n, rs := range l.byMaster([]leftover{g}) {
-		l.send(n, rs)
-	}
-	return l.returned.Load() - r0, l.expired.Load() - e0, l.dropped.Load() - d0
+	r, e, d := b.core.giveBack([]leftover{g})
+	return uint64(r), uint64(e), uint64(d)
 }
 
 // TestGiveBackUnderAnotherLimit: a lease charged under one replica's rule (100 an hour) and
@@ -52,7 +48,7 @@ func TestGiveBackUnderAnotherLimit(t *testing.T) {
 			large := limit.Limit{Rate: 2000, Period: time.Hour, Burst: 2000}
 			g := chargeLease(t, b, "rollout", small, 30)
 			out := make([]backend.Decision, 1)
-			if ok, err := b.decide(context.Background(), []backend.Request{{Key: "rollout", Limit: large, Cost: 1000}}, out); err != nil || !ok {
+			if ok, err := b.core.Decide(context.Background(), []backend.Request{{Key: "rollout", Limit: large, Cost: 1000}}, out); err != nil || !ok {
 				t.Fatalf("charging 1000 under the larger rule: %v, %v", ok, err)
 			}
 			returned, expired, dropped := giveBackNow(t, b, g)
@@ -128,10 +124,10 @@ func TestRefundUnderAnotherLimit(t *testing.T) {
 			small := limit.Limit{Rate: 100, Period: time.Hour, Burst: 100}
 			large := limit.Limit{Rate: 2000, Period: time.Hour, Burst: 2000}
 			out := make([]backend.Decision, 2)
-			if ok, err := b.decide(context.Background(), []backend.Request{{Key: "refund", Limit: large, Cost: 1000}}, out); err != nil || !ok {
+			if ok, err := b.core.Decide(context.Background(), []backend.Request{{Key: "refund", Limit: large, Cost: 1000}}, out); err != nil || !ok {
 				t.Fatalf("charging 1000: %v, %v", ok, err)
 			}
-			if _, err := b.decide(context.Background(), []backend.Request{{Key: "refund", Limit: small, Cost: 30, Refund: true}}, out); err != nil {
+			if _, err := b.core.Decide(context.Background(), []backend.Request{{Key: "refund", Limit: small, Cost: 30, Refund: true}}, out); err != nil {
 				t.Fatal(err)
 			}
 			if d := check(t, b, "refund", large); d.Remaining < 1028 || d.Remaining > 1030 {
@@ -146,7 +142,7 @@ func TestRefundUnderAnotherLimit(t *testing.T) {
 				{Key: "refund", Limit: small, Cost: 30, Refund: true},
 				{Key: otherSlotKey(t, b, "refund"), Limit: limit.Limit{Rate: 1, Period: time.Hour, Burst: 1}, Cost: 2},
 			}
-			if ok, err := b.decide(context.Background(), reqs, out); err != nil || ok {
+			if ok, err := b.core.Decide(context.Background(), reqs, out); err != nil || ok {
 				t.Fatalf("a batch with a request past its burst: admitted %v, %v", ok, err)
 			}
 			if d := check(t, b, "refund", large); d.Remaining < 1028 || d.Remaining > 1030 {

@@ -7,8 +7,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	goredis "github.com/redis/go-redis/v9"
-
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/limit"
 )
@@ -44,7 +42,8 @@ import (
 // an overdraft charge) lease. The keys tracked are bounded: a table of leaseSlots entries by the
 // key's hash, a key with a lease or with demand keeping its entry against colder keys.
 type leases struct {
-	b        *Backend
+	next     *core        // what decides without leases, and gives back (see Backend.Decide on why not an interface)
+	mono     func() int64 // the backend's monotonic clock
 	lifetime time.Duration
 	usable   int64 // ns: how long after its charge a lease admits (the lifetime)
 	window   int64 // ns: the span demand is counted over (half the lifetime)
@@ -125,8 +124,9 @@ func (s *leaseSlot) clear() {
 	s.heldUntil, s.expires = 0, 0
 }
 
-func newLeases(b *Backend, lifetime time.Duration) *leases {
-	l := &leases{b: b, lifetime: lifetime, usable: int64(lifetime), window: int64(lifetime / 2), seed: maphash.MakeSeed(),
+// newLeases returns the leases layer over next, and starts its sweeper (see close).
+func newLeases(next *core, mono func() int64, lifetime time.Duration) *leases {
+	l := &leases{next: next, mono: mono, lifetime: lifetime, usable: int64(lifetime), window: int64(lifetime / 2), seed: maphash.MakeSeed(),
 		active: map[int]struct{}{}, wake: make(chan struct{}, 1), stop: make(chan struct{}), done: make(chan struct{})}
 	go l.sweep()
 	return l
@@ -174,13 +174,13 @@ func resize[T any](s []T, n int) []T {
 	return s[:n]
 }
 
-// decide is Backend.Decide with leases.
-func (l *leases) decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
-	b := l.b
+// Decide decides the batch as the core does, answering from leases what they hold and
+// taking leases for hot keys on the way (see leases).
+func (l *leases) Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
 	sc := leaseScratches.Get().(*leaseScratch)
 	defer leaseScratches.Put(sc)
 	sc.reset(len(reqs))
-	now := b.mono()
+	now := l.mono()
 	nLocal, nExtra, nSlot := 0, 0, 0
 	for i := range reqs {
 		sc.slot[i] = -1
@@ -225,7 +225,7 @@ func (l *leases) decide(ctx context.Context, reqs []backend.Request, out []backe
 		return true, nil
 	}
 	if nSlot == 0 {
-		return b.decide(ctx, reqs, out)
+		return l.next.Decide(ctx, reqs, out)
 	}
 
 	// The rest goes to Redis, with the leases some requests carry.
@@ -246,7 +246,7 @@ func (l *leases) decide(ctx context.Context, reqs []backend.Request, out []backe
 	}
 	sent := now
 	at := resize(sc.at, len(sub))
-	_, err := b.decideAt(ctx, sub, subOut, at)
+	_, err := l.next.decideAt(ctx, sub, subOut, at)
 	charged := err == nil && backend.Charged(sub, subOut)
 	if err == nil && !charged && nExtra > 0 && l.refusedByLease(sc, sub, subOut) {
 		// A lease that did not fit refused the batch, which might fit without it: once more,
@@ -259,8 +259,8 @@ func (l *leases) decide(ctx context.Context, reqs []backend.Request, out []backe
 			}
 		}
 		nExtra = 0
-		sent = b.mono()
-		_, err = b.decideAt(ctx, sub, subOut, at)
+		sent = l.mono()
+		_, err = l.next.decideAt(ctx, sub, subOut, at)
 		charged = err == nil && backend.Charged(sub, subOut)
 	}
 	if err != nil || !charged {
@@ -482,235 +482,4 @@ func (l *leases) putBack(reqs []backend.Request, out []backend.Decision, sc *lea
 		out[i].Remaining += reqs[i].Cost
 	}
 	l.flush()
-}
-
-// end ends s's lease (at index k), queueing what it did not use to be given back.
-func (l *leases) end(k int, s *leaseSlot) {
-	if s.left > 0 {
-		r := backend.Request{Key: s.key, Limit: s.lim}
-		if s.lim.Algorithm == limit.FixedWindow && l.b.mono() >= s.windowEnd-l.windowMargin()/2 {
-			// Too late to give back within its window: the next one would get it.
-			l.dropped.Add(uint64(s.left))
-			l.held.Add(-s.left)
-		} else {
-			l.endHits(&r, s.left, s.heldUntil, s.expires)
-		}
-	}
-	s.leased, s.left, s.size = false, 0, 0
-	l.activeMu.Lock()
-	delete(l.active, k)
-	l.activeMu.Unlock()
-}
-
-// endHits queues n hits of r's key to be given back, from a lease whose charge ended at
-// heldUntil and whose give-back expires at expires (see giveBack).
-func (l *leases) endHits(r *backend.Request, n, heldUntil, expires int64) {
-	l.activeMu.Lock()
-	l.ended = append(l.ended, leftover{key: r.Key, lim: r.Limit, hits: n, heldUntil: heldUntil, expires: expires})
-	l.queued.Store(int64(len(l.ended)))
-	l.activeMu.Unlock()
-}
-
-// flush wakes the sweeper when hits are queued to be given back.
-func (l *leases) flush() {
-	if l.queued.Load() > 0 {
-		select {
-		case l.wake <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// sweep ends the leases past their time and gives back what they did not use, every quarter
-// of a lifetime and when woken, until close.
-func (l *leases) sweep() {
-	defer close(l.done)
-	t := time.NewTicker(max(l.lifetime/4, time.Millisecond))
-	defer t.Stop()
-	for {
-		select {
-		case <-l.stop:
-			return
-		case <-t.C:
-			l.endExpired(false)
-		case <-l.wake:
-		}
-		l.giveBack()
-	}
-}
-
-// endExpired ends the leases past their time, or all of them.
-func (l *leases) endExpired(all bool) {
-	l.activeMu.Lock()
-	ks := make([]int, 0, len(l.active))
-	for k := range l.active {
-		ks = append(ks, k)
-	}
-	l.activeMu.Unlock()
-	now := l.b.mono()
-	for _, k := range ks {
-		s := &l.slots[k]
-		s.mu.Lock()
-		if s.leased && (all || now >= s.until) {
-			l.end(k, s)
-		}
-		s.mu.Unlock()
-	}
-}
-
-// giveBack sends what ended leases did not use back to Redis: one round trip per master, all
-// at once, so that a master down or stalled drops (and delays) only its own keys' hits.
-//
-// A give-back cannot over-admit. It is valid only while its lease is: it carries the lease's
-// expiry in Redis's clock, and one that reaches Redis later (this process paused, throttled or
-// starved) gives nothing. It gives back only the lease's hits still ahead of Redis's now in
-// the charge that took them (what time has not restored yet), and under GCRA in the terms the
-// key's state holds, whatever the limit: a replica whose rule differs from another's during a
-// rollout takes back its own hits and never re-expresses the key under its limit.
-func (l *leases) giveBack() {
-	l.activeMu.Lock()
-	rs := l.ended
-	l.ended = nil
-	l.queued.Store(0)
-	l.activeMu.Unlock()
-	if len(rs) == 0 {
-		return
-	}
-	l.held.Add(-sumHits(rs))
-	var wg sync.WaitGroup
-	for n, g := range l.byMaster(rs) {
-		wg.Go(func() { l.send(n, g) })
-	}
-	wg.Wait()
-}
-
-func sumHits(rs []leftover) int64 {
-	var n int64
-	for i := range rs {
-		n += rs[i].hits
-	}
-	return n
-}
-
-// byMaster splits rs by the master that owns their keys now: nil for those whose master is
-// not known (no slot map, or a slot it has lost).
-func (l *leases) byMaster(rs []leftover) map[*node][]leftover {
-	b := l.b
-	if !b.cluster {
-		return map[*node][]leftover{b.single: rs}
-	}
-	t := b.topo.Load()
-	groups := map[*node][]leftover{}
-	for _, r := range rs {
-		var n *node
-		if t != nil {
-			n = t.owner[slot(storedKey(b.prefix, r.key))]
-		}
-		groups[n] = append(groups[n], r)
-	}
-	return groups
-}
-
-// send gives back rs, whose keys n owns, in one round trip: one script call per Cluster slot.
-func (l *leases) send(n *node, rs []leftover) {
-	b := l.b
-	if n == nil || !n.br.allow() {
-		hits := sumHits(rs)
-		l.dropped.Add(uint64(hits))
-		b.log.Debug("redis: unused lease hits not given back: their master is down or unknown", "hits", hits)
-		return
-	}
-	type part struct {
-		keys []string
-		vals []byte
-		idx  []int
-	}
-	var parts []part
-	bySlot := map[int]int{}
-	for i := range rs {
-		key := storedKey(b.prefix, rs[i].key)
-		s := 0
-		if b.cluster {
-			s = slot(key)
-		}
-		p, ok := bySlot[s]
-		if !ok {
-			p = len(parts)
-			bySlot[s] = p
-			parts = append(parts, part{})
-		}
-		parts[p].keys = append(parts[p].keys, key)
-		parts[p].vals = appendGiveBack(parts[p].vals, &rs[i])
-		parts[p].idx = append(parts[p].idx, i)
-	}
-	cmds := make([]*goredis.Cmd, len(parts))
-	for p := range parts {
-		cmds[p] = newScriptCmd(giveBackArgs(script.Hash(), b.nowArg(), parts[p].keys, parts[p].vals))
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), max(b.timeout, 100*time.Millisecond))
-	defer cancel()
-	n.observe(n.exec(ctx, cmds, nil), cmds)
-	var returned, expired, dropped, late int64
-	for p, c := range cmds {
-		reply, err := c.Text()
-		var given []int64
-		var wasLate []bool
-		if err == nil {
-			given, wasLate, err = decodeGiven(reply, len(parts[p].keys))
-		}
-		if err != nil {
-			for _, i := range parts[p].idx {
-				dropped += rs[i].hits
-			}
-			b.log.Debug("redis: unused lease hits not given back", "keys", len(parts[p].keys), "err", err)
-			continue
-		}
-		for j, i := range parts[p].idx {
-			returned += given[j]
-			expired += rs[i].hits - given[j]
-			if wasLate[j] {
-				late += rs[i].hits
-			}
-		}
-	}
-	l.returned.Add(uint64(returned))
-	l.expired.Add(uint64(expired))
-	l.dropped.Add(uint64(dropped))
-	if late > 0 {
-		b.log.Debug("redis: unused lease hits reached Redis after their leases expired and were not given back", "hits", late)
-	}
-}
-
-// release ends every lease; the sweeper gives back what they did not use (a rule reload:
-// leases were charged under the old limits).
-func (l *leases) release() {
-	l.endExpired(true)
-	l.flush()
-}
-
-// forget drops the leases of keys, giving nothing back: their state in Redis was deleted.
-func (l *leases) forget(keys []string) {
-	for _, key := range keys {
-		k := l.slotOf(key)
-		s := &l.slots[k]
-		s.mu.Lock()
-		if s.key == key {
-			if s.leased {
-				l.held.Add(-s.left)
-				l.activeMu.Lock()
-				delete(l.active, k)
-				l.activeMu.Unlock()
-			}
-			s.clear()
-		}
-		s.mu.Unlock()
-	}
-}
-
-// close stops the sweeper and gives back every lease: before the backend's nodes close.
-func (l *leases) close() {
-	close(l.stop)
-	<-l.done
-	l.endExpired(true)
-	l.giveBack()
 }

@@ -30,7 +30,7 @@ func newLeasedBackends(t *testing.T, env string, n int, lifetime time.Duration) 
 func check(t *testing.T, b *Backend, key string, l limit.Limit) backend.Decision {
 	t.Helper()
 	out := make([]backend.Decision, 1)
-	if _, err := b.decide(context.Background(), []backend.Request{{Key: key, Limit: l}}, out); err != nil {
+	if _, err := b.core.Decide(context.Background(), []backend.Request{{Key: key, Limit: l}}, out); err != nil {
 		t.Fatal(err)
 	}
 	return out[0]

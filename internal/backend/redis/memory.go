@@ -102,7 +102,7 @@ func (n *node) watchInfo(ctx context.Context) infoSnap {
 	s, err := n.readInfo(ctx)
 	if err != nil || !s.ok {
 		if err != nil && isReply(err) && n.infoRefused.CompareAndSwap(false, true) {
-			n.b.log.Info("redis refuses INFO: its evictions are not counted, and an evicted epoch key cannot be told from a data loss",
+			n.deps.log.Info("redis refuses INFO: its evictions are not counted, and an evicted epoch key cannot be told from a data loss",
 				"node", n.name, "err", err)
 		}
 		return infoSnap{}
@@ -118,7 +118,7 @@ func (n *node) watchInfo(ctx context.Context) infoSnap {
 	}
 	if more > 0 {
 		n.evicted.Add(uint64(more))
-		n.b.warn.Warn("redis evicting "+n.name,
+		n.deps.warn.Warn("redis evicting "+n.name,
 			"redis is full and evicting keys: each rate-limit key it evicts starts over with a fresh burst (raise maxmemory; see docs/redis.md on memory)",
 			"node", n.name, "maxmemory_policy", s.policy, "evicted", more)
 	}
@@ -128,7 +128,7 @@ func (n *node) watchInfo(ctx context.Context) infoSnap {
 // epochEvicted logs an epoch key Redis evicted: not a loss of data, but a policy that evicts
 // keys without an expiry.
 func (n *node) epochEvicted(policy string) {
-	n.b.warn.Warn("redis evicted epoch "+n.name,
+	n.deps.warn.Warn("redis evicted epoch "+n.name,
 		"redis evicted rls's epoch key: its maxmemory-policy evicts keys without an expiry; not a data loss, but rate-limit keys are evicted too (set maxmemory-policy volatile-ttl)",
 		"node", n.name, "maxmemory_policy", policy)
 }
@@ -141,7 +141,7 @@ func oomReply(err error) bool { return goredis.HasErrorPrefix(err, "OOM") }
 // first at once, then at most one line per interval with how many were not logged).
 func (n *node) outOfMemory() {
 	n.oom.Add(1)
-	n.b.warn.Warn("redis out of memory "+n.name,
+	n.deps.warn.Warn("redis out of memory "+n.name,
 		"redis out of memory: it refuses rls's writes (OOM command not allowed, maxmemory-policy noeviction or nothing left to evict); decisions on its keys get the failure mode until it has room (raise maxmemory, or set maxmemory-policy volatile-ttl)",
 		"node", n.name)
 }

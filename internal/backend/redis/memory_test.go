@@ -152,7 +152,7 @@ func TestOutOfMemoryKeepsBreakerClosed(t *testing.T) {
 			t.Fatalf("decision %d on a full Redis: %v, want unavailable", i, err)
 		}
 	}
-	if !b.single.br.allow() || !b.Healthy() {
+	if !b.single.br.Allow() || !b.Healthy() {
 		t.Fatal("the breaker opened on OOM replies: the node answered")
 	}
 	if got := b.single.oom.Load(); got < 20 {

@@ -74,7 +74,7 @@ func (c collector) Describe(ch chan<- *prometheus.Desc) {
 func (c collector) Collect(ch chan<- prometheus.Metric) {
 	b := c.b
 	up := func(n *node) float64 {
-		if n.br.allow() {
+		if n.br.Allow() {
 			return 1
 		}
 		return 0
@@ -99,13 +99,11 @@ func (c collector) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ch <- prometheus.MustNewConstMetric(slotsDesc, prometheus.GaugeValue, float64(b.slotsDown()))
-	b.nodesMu.Lock()
-	for _, n := range b.nodes {
+	for _, n := range b.topo.live() {
 		n.collect(ch)
 	}
-	b.nodesMu.Unlock()
 	for i, r := range reloadReasons {
-		ch <- prometheus.MustNewConstMetric(reloadsDesc, prometheus.CounterValue, float64(b.reloads[i].Load()), r)
+		ch <- prometheus.MustNewConstMetric(reloadsDesc, prometheus.CounterValue, float64(b.topo.reloads[i].Load()), r)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"runtime/metrics"
 	"strconv"
 	"sync"
@@ -15,20 +16,28 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/breaker"
+	"github.com/rls-project/rls/internal/logthrottle"
+	"github.com/rls-project/rls/internal/pipeline"
 )
+
+// nodeBreaker is a node's circuit breaker; allow is Allow under the name script.go's loader
+// reads.
+type nodeBreaker struct{ *breaker.Breaker }
+
+func (b nodeBreaker) allow() bool { return b.Allow() }
 
 // node is one Redis master as rls sends to it: the single node, the master a Sentinel names, or
 // one master of a Cluster. Each node has its own pipelines (a coalescer and its senders),
 // circuit breaker, probe and health check, so that a node that fails or hangs fails only the
 // decisions whose keys it holds, and its errors never land on another node's calls.
 type node struct {
-	b     *Backend
+	deps  *nodeDeps
 	name  string                  // its address, the label of its metrics ("sentinel:<master>" for Sentinel)
 	rdb   goredis.UniversalClient // the decisions' connections
 	probe goredis.UniversalClient // the probe's and the health check's own connections
-	own   bool                    // rdb and probe belong to this node (Cluster): close closes them
-	co    *coalescer
-	br    *breaker
+	co    *pipeline.Coalescer[*call]
+	br    nodeBreaker
 
 	errOpen error // the error of its decisions while its breaker is open
 	errSlow error // the error of its decisions that ran out of time while it was found slow
@@ -50,7 +59,7 @@ type node struct {
 	// its data (FLUSHALL, a restart without persistence). Touched by the health check only.
 	epochKey   string
 	epochValue string
-	epochSet   atomic.Bool // an epoch is known (for tests)
+	epochSet   atomic.Bool // an epoch is known: what tests wait for (export_test.go)
 	// Redis's INFO, read by the health check only (see memory.go): the reading before the epoch
 	// was last seen as known (epochInfo), and the latest (lastInfo).
 	epochInfo   infoSnap
@@ -59,63 +68,118 @@ type node struct {
 	evicted     atomic.Uint64 // keys Redis evicted while rls read its INFO
 	oom         atomic.Uint64 // script calls Redis refused for want of memory
 
-	stop chan struct{}
-	wg   sync.WaitGroup
+	// Its goroutines (the health check, the probes) and their context, which close ends.
+	ctx     context.Context
+	cancel  context.CancelFunc
+	closeMu sync.Mutex // guards closed and wg's additions
+	closed  bool
+	wg      sync.WaitGroup
 
 	leadOnce sync.Once
 	leadOK   bool // leaders' pipelines have their reads bounded (see leadHook)
 }
 
-// nodeConfig is how a Backend builds its nodes' pipelines and breakers.
+// nodeConfig is how a node's pipelines, breaker and health check are set.
 type nodeConfig struct {
 	coalesce, senders int
 	failures          int
 	cooldown          time.Duration
 	healthInterval    time.Duration
+	probeTimeout      time.Duration
 }
 
-// newNode starts a node on rdb and probe; recover is its breaker's probe while open.
-func (b *Backend) newNode(name string, rdb, probe goredis.UniversalClient, own bool) *node {
-	n := &node{b: b, name: name, rdb: rdb, probe: probe, own: own, stop: make(chan struct{})}
-	if b.cluster {
+// nodeDeps is what every node is handed: its settings, the library's state, and the functions
+// through which it tells the rest of the backend what it found. A node holds nothing else of
+// the backend and calls nothing else of it.
+type nodeDeps struct {
+	*libraryState // calls go as FCALL while its fcall is set
+	cfg           nodeConfig
+	cluster       bool // a master of a Cluster
+	merge         bool // merge coalesced calls into one script call (single node)
+	log           *slog.Logger
+	warn          *logthrottle.Throttle // warnings that repeat while Redis is down
+	mono          func() int64          // the backend's monotonic clock
+	nowArg        func() int64          // the instant the script decides at: 0 for Redis TIME
+
+	// The library of Redis Functions, kept for every master (script.go).
+	libraryWanted func() bool
+	useLibrary    func(loaded bool, refusal error)
+	refuseLibrary func(why error)
+	reloadLibrary func()
+
+	// The topology: a reload of the slot map asked for (nil off a Cluster), the key of a
+	// node's epoch ("" while it owns no slot), the slots it serves.
+	requestReload func(reason string)
+	epochKey      func(n *node) string
+	slotsOf       func(n *node) int
+
+	healthChanged func()         // the backend's health may have changed
+	resets        *atomic.Uint64 // data losses found
+	purge         func()         // forget what this process knows of Redis's state: denials, leases
+}
+
+// newNode returns a node on rdb and probe, which are its own from then on (close closes them),
+// its health check not started (see start).
+func newNode(name string, rdb, probe goredis.UniversalClient, d *nodeDeps) *node {
+	n := &node{deps: d, name: name, rdb: rdb, probe: probe}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	if d.cluster {
 		n.errOpen = fmt.Errorf("%w: redis: the master of the key's slot is down (circuit breaker open)", backend.ErrUnavailable)
 	} else {
 		n.errOpen = errOpen
 	}
 	n.errSlow = fmt.Errorf("%w: redis slow: no answer within the budget, nor to a probe: %w", backend.ErrUnavailable, context.DeadlineExceeded)
-	cfg := b.nodeCfg
+	cfg := d.cfg
 	// A pipeline unanswered for slowAfter sends a probe, so that the decisions that then run out
 	// of time can tell a slow node from an overloaded process (see ranOut).
-	n.co = newCoalescer(n.sendPipeline, n.kickProbe, cfg.coalesce, cfg.senders)
 	// On a Cluster every call goes to the senders. With callers leading there, a master's
 	// failure (SIGKILL or SIGSTOP, three rls replicas under open-loop load: TestClusterMasterFault)
 	// now and then left one replica answering no key, of any master, within 1 s for about a
 	// second; with leaders on single nodes only it passed every run. Why is not known yet.
-	n.co.noLead = b.cluster
-	n.br = newBreaker(cfg.failures, cfg.cooldown, n.recover, n.healthChanged)
-	n.lastReply.Store(b.mono())
+	noLead := d.cluster
+	n.co = pipeline.New(n.sendPipeline, pipeline.Options{Max: cfg.coalesce, Senders: cfg.senders,
+		Slow: n.kickProbe, SlowAfter: slowAfter, NoLead: noLead})
+	n.br = nodeBreaker{breaker.New(cfg.failures, cfg.cooldown, n.recover, n.healthChanged)}
+	n.lastReply.Store(d.mono())
 	return n
 }
 
 // start starts the node's health check.
 func (n *node) start() {
-	if i := n.b.nodeCfg.healthInterval; i > 0 {
-		n.wg.Add(1)
-		go n.healthLoop(i)
+	if i := n.deps.cfg.healthInterval; i > 0 {
+		n.goBackground(func() { n.healthLoop(i) })
 	}
 }
 
-// close stops the node's goroutines and, when they are its own, closes its connections.
-func (n *node) close() error {
-	close(n.stop)
-	n.wg.Wait()
-	n.br.close()
-	n.co.close()
-	if n.own {
-		return errors.Join(n.rdb.Close(), n.probe.Close())
+// goBackground runs f in a goroutine of the node's, unless the node is closed.
+func (n *node) goBackground(f func()) bool {
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	if n.closed {
+		return false
 	}
-	return nil
+	n.wg.Go(f)
+	return true
 }
+
+// close stops the node's goroutines (its health check, probes, breaker probe and senders) and
+// closes its clients. Calls queued or in flight are answered first; a decision that submits to
+// the node after is refused (see errGone), and one that sends on its clients after gets their
+// error (closed): both fail as Redis unavailable.
+func (n *node) close() error {
+	n.closeMu.Lock()
+	n.closed = true
+	n.closeMu.Unlock()
+	n.cancel()
+	n.wg.Wait()
+	n.br.Close()
+	n.co.Close()
+	return errors.Join(n.rdb.Close(), n.probe.Close())
+}
+
+// errGone is the error of a decision that reached a node being closed: a master that left the
+// Cluster's slot map, or the backend closing.
+var errGone = fmt.Errorf("%w: redis: the node left the slot map or is closing", backend.ErrUnavailable)
 
 // recover is the breaker's probe while it is open: the script (and the library) loaded into
 // the node on the probe's connection, then a ping on the decisions' connections. It succeeds
@@ -123,32 +187,32 @@ func (n *node) close() error {
 // may still be answering with its last dial error (see probePoolSize), and a breaker closed
 // then would open again on the first decisions.
 func (n *node) recover(ctx context.Context) error {
-	loaded, refused, err := load(ctx, n.probe, n.b.libraryWanted())
+	loaded, refused, err := load(ctx, n.probe, n.deps.libraryWanted())
 	if err == nil {
 		err = n.rdb.Ping(ctx).Err()
 	}
 	if err == nil {
-		n.b.useLibrary(loaded, refused)
-		n.lastReply.Store(n.b.mono())
+		n.deps.useLibrary(loaded, refused)
+		n.lastReply.Store(n.deps.mono())
 	}
 	return err
 }
 
 func (n *node) healthChanged(healthy bool, cause error) {
-	b := n.b
+	d := n.deps
 	switch {
-	case !b.cluster && healthy:
-		b.log.Info("redis available")
-	case !b.cluster:
-		b.log.Warn("redis unavailable: circuit breaker open, failing fast and probing", "cause", cause)
+	case !d.cluster && healthy:
+		d.log.Info("redis available")
+	case !d.cluster:
+		d.log.Warn("redis unavailable: circuit breaker open, failing fast and probing", "cause", cause)
 	case healthy:
-		b.log.Info("redis node available", "node", n.name)
+		d.log.Info("redis node available", "node", n.name)
 	default:
-		b.log.Warn("redis node unavailable: circuit breaker open, failing fast on its slots and probing",
-			"node", n.name, "slots", b.slotsOf(n), "cause", cause)
-		b.requestReload(reasonNodeDown)
+		d.log.Warn("redis node unavailable: circuit breaker open, failing fast on its slots and probing",
+			"node", n.name, "slots", d.slotsOf(n), "cause", cause)
+		d.requestReload(reasonNodeDown)
 	}
-	b.healthChanged()
+	d.healthChanged()
 }
 
 // ranOut returns the error of a decision whose budget passed before the node answered it.
@@ -164,7 +228,7 @@ func (n *node) ranOut() error {
 		n.slow.Add(1)
 		return n.errSlow
 	}
-	if time.Duration(n.b.mono()-n.lastReply.Load()) >= slowAfter {
+	if time.Duration(n.deps.mono()-n.lastReply.Load()) >= slowAfter {
 		n.kickProbe()
 	}
 	return errShed
@@ -176,7 +240,7 @@ const slowAfter = 20 * time.Millisecond
 
 // slowNow reports whether the node is found slow now (see ranOut).
 func (n *node) slowNow() bool {
-	now := n.b.mono()
+	now := n.deps.mono()
 	sent := n.probeSent.Load()
 	if sent == 0 || time.Duration(now-sent) < slowAfter || time.Duration(now-n.lastReply.Load()) < slowAfter {
 		return false
@@ -203,43 +267,49 @@ func (n *node) kickProbe() {
 		return
 	}
 	n.probeBefore.Store(schedLatencies())
-	start := n.b.mono()
+	d := n.deps
+	start := d.mono()
 	n.probeSent.Store(start)
-	go func() {
+	started := n.goBackground(func() {
 		defer n.probing.Store(false)
 		defer n.probeSent.Store(0)
 		before := n.probeBefore.Load()
-		probeTO := n.b.probeTO
-		ctx, cancel := context.WithTimeout(context.Background(), probeTO)
+		probeTO := d.cfg.probeTimeout
+		ctx, cancel := context.WithTimeout(n.ctx, probeTO)
 		defer cancel()
 		err := n.probe.Ping(ctx).Err()
-		took := time.Duration(n.b.mono() - start)
+		took := time.Duration(d.mono() - start)
 		switch {
+		case n.ctx.Err() != nil:
+			// Closed meanwhile.
 		case err == nil:
-			n.lastReply.Store(n.b.mono())
+			n.lastReply.Store(d.mono())
 		case isReply(err) && !unavailableReply(err):
-			n.lastReply.Store(n.b.mono())
+			n.lastReply.Store(d.mono())
 		case n.lastReply.Load() > start || took > 2*probeTO || starved(before, schedLatencies(), probeTO):
-			n.b.log.Debug("redis probe inconclusive: this process is starved of CPU", "node", n.name, "took", took, "err", err)
+			d.log.Debug("redis probe inconclusive: this process is starved of CPU", "node", n.name, "took", took, "err", err)
 		default:
-			n.br.trip(fmt.Errorf("no answer to a probe within %v: %w", probeTO, err))
+			n.br.Trip(fmt.Errorf("no answer to a probe within %v: %w", probeTO, err))
 		}
-	}()
+	})
+	if !started {
+		n.probeSent.Store(0)
+		n.probing.Store(false)
+	}
 }
 
 // healthLoop checks the node every interval until close: a probe (which finds a node that went
 // away with no decision to notice it) and its epoch.
 func (n *node) healthLoop(interval time.Duration) {
-	defer n.wg.Done()
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
-		if n.br.allow() {
+		if n.br.Allow() {
 			n.kickProbe()
 			n.checkEpoch()
 		}
 		select {
-		case <-n.stop:
+		case <-n.ctx.Done():
 			return
 		case <-t.C:
 		}
@@ -254,8 +324,8 @@ func (n *node) healthLoop(interval time.Duration) {
 // again after it when the epoch is found gone, so that whatever removed it falls between the
 // two readings compared.
 func (n *node) checkEpoch() {
-	b := n.b
-	key := b.epochKeyOf(n)
+	d := n.deps
+	key := d.epochKey(n)
 	if key == "" {
 		return
 	}
@@ -263,7 +333,7 @@ func (n *node) checkEpoch() {
 		// A new node, or its slots changed: what was known is of another key.
 		n.epochKey, n.epochValue = key, ""
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), b.probeTO)
+	ctx, cancel := context.WithTimeout(n.ctx, d.cfg.probeTimeout)
 	defer cancel()
 	before := n.watchInfo(ctx)
 	gone := func() {
@@ -310,15 +380,12 @@ func (n *node) checkEpoch() {
 	}
 }
 
-// epochKnown reports whether the node's epoch is known.
-func (n *node) epochKnown() bool { return n.epochSet.Load() }
-
 func (n *node) lostData(why string) {
-	b := n.b
-	b.resets.Add(1)
-	b.log.Warn("redis lost its data: every key it held starts over with a fresh burst (a flush, or a restart without persistence)",
+	d := n.deps
+	d.resets.Add(1)
+	d.log.Warn("redis lost its data: every key it held starts over with a fresh burst (a flush, or a restart without persistence)",
 		"node", n.name, "why", why)
-	b.PurgeCache()
+	d.purge()
 }
 
 // newEpoch returns a random epoch value.
@@ -341,9 +408,9 @@ func (n *node) observe(err error, cmds []*goredis.Cmd) {
 	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, goredis.ErrPoolTimeout):
 		return
 	default:
-		n.br.failure(err)
-		if n.b.cluster {
-			n.b.requestReload(reasonNodeDown)
+		n.br.Failure(err)
+		if n.deps.cluster {
+			n.deps.requestReload(reasonNodeDown)
 		}
 		return
 	}
@@ -352,14 +419,14 @@ func (n *node) observe(err error, cmds []*goredis.Cmd) {
 		if cerr == nil {
 			continue
 		}
-		if n.b.cluster {
+		if n.deps.cluster {
 			switch {
 			case goredis.HasErrorPrefix(cerr, "MOVED"):
-				n.b.requestReload(reasonMoved)
+				n.deps.requestReload(reasonMoved)
 			case goredis.HasErrorPrefix(cerr, "ASK"):
-				n.b.requestReload(reasonAsk)
+				n.deps.requestReload(reasonAsk)
 			case goredis.HasErrorPrefix(cerr, "CLUSTERDOWN"):
-				n.b.requestReload(reasonClusterDown)
+				n.deps.requestReload(reasonClusterDown)
 			}
 		}
 		if oomReply(cerr) {
@@ -371,10 +438,10 @@ func (n *node) observe(err error, cmds []*goredis.Cmd) {
 		}
 		// CLUSTERDOWN is the Cluster's state, not this node failing: the node answered.
 		if unavailableReply(cerr) && !goredis.HasErrorPrefix(cerr, "CLUSTERDOWN") {
-			n.br.failure(cerr)
+			n.br.Failure(cerr)
 			return
 		}
 	}
-	n.lastReply.Store(n.b.mono())
-	n.br.success()
+	n.lastReply.Store(n.deps.mono())
+	n.br.Success()
 }

@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"runtime"
 	"runtime/metrics"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -75,65 +73,38 @@ type Options struct {
 	evalOnly bool
 }
 
-// Backend is a backend.Backend on Redis. It is safe for concurrent use.
+// Backend is a backend.Backend on Redis. It is safe for concurrent use. It holds its parts:
+// the single node (single node and Sentinel) or the Cluster's topology, which own the nodes;
+// what decides (the leases layer over the core, or the core); the health subscribers; the
+// library's state; the background work and the clock they share.
 type Backend struct {
-	// rdb and probe are the clients of the topology: on a single node and Sentinel, the
-	// decisions' and the probe's; on a Cluster, go-redis's ClusterClient, kept for keys'
-	// administration (Reset) with its slot map taken from rls's own, while decisions go
-	// through each master's node.
-	rdb     goredis.UniversalClient
-	probe   goredis.UniversalClient
-	target  Target
-	cluster bool
-	merge   bool // merge coalesced calls into one script call (single node)
-	prefix  string
-	timeout time.Duration
-	probeTO time.Duration
-	now     func() time.Time
-	log     *slog.Logger
-	cache   *denials  // nil when disabled
-	leases  *leases   // nil when disabled
-	jobs    sync.Pool // *job
+	*core        // what decides without leases (decide.go)
+	*clock       // mono, the instants of nodes and leases
+	*background  // goroutines that outlive a call: the library's loads, undos, the topology's loop
+	libraryState // the library of Redis Functions: FCALL or EVALSHA (script.go)
 
-	clientOpts clientOptions
-	nodeCfg    nodeConfig
-	single     *node // single node and Sentinel
+	// rdb and probe are, on a single node and Sentinel, the node's clients (the decisions' and
+	// the probe's, closed with it); on a Cluster, both the topology's admin ClusterClient, kept
+	// for keys' administration (Reset), while decisions go through each master's node.
+	rdb    goredis.UniversalClient
+	probe  goredis.UniversalClient
+	single *node        // single node and Sentinel
+	topo   *clusterTopo // Cluster
 
-	// Cluster: the slot map and the nodes of every master it has named.
-	topo         atomic.Pointer[topology]
-	nodesMu      sync.Mutex
-	nodes        map[string]*node // every master the slot map has named, by address
-	controls     map[string]*goredis.Client
-	reloadCh     chan struct{}
-	reloadReason atomic.Pointer[string]
-	reloads      [numReasons]atomic.Uint64
+	leases *leases // the layer over the core that Decide calls when leases are on; nil when off
 
-	epoch  time.Time
-	resets atomic.Uint64 // data losses found
-
-	subMu       sync.Mutex
-	subs        map[int]func(bool)
-	nextSub     int
-	lastHealthy bool // guarded by subMu: the health subscribers last heard
-
+	target    Target
+	probeTO   time.Duration
+	log       *slog.Logger
+	warn      *logthrottle.Throttle // warnings that repeat while Redis is down
+	resets    atomic.Uint64         // data losses found
+	health    *healthSubs
 	closeOnce sync.Once
-	cacheHits atomic.Uint64
+}
 
-	// scriptNow, when set (tests), is the instant the script decides at instead of Redis TIME.
-	scriptNow func() int64
-
-	// Calls go as FCALL while fcall is set: every master holds the library (see librarySource).
-	fcall          atomic.Bool
-	evalOnly       bool
-	libraryRefused atomic.Bool  // for good: calls stay on EVALSHA
-	libraryNext    atomic.Int64 // mono: no background load before
-	reloading      atomic.Bool
-	bgMu           sync.Mutex
-	bgClosed       bool
-	bgCtx          context.Context // ends at Close
-	bgCancel       context.CancelFunc
-	bg             sync.WaitGroup        // reloadLibrary, topologyLoop
-	warn           *logthrottle.Throttle // warnings that repeat while Redis is down
+// decider decides a batch: the core, or the leases layer over it.
+type decider interface {
+	Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error)
 }
 
 var (
@@ -143,7 +114,110 @@ var (
 	_ backend.CacheStats  = (*Backend)(nil)
 	_ backend.Resetter    = (*Backend)(nil)
 	_ backend.Degradation = (*Backend)(nil)
+
+	_ decider = (*core)(nil)
+	_ decider = (*leases)(nil)
 )
+
+// Decide implements backend.Backend: the leases layer decides when leases are on, the core
+// otherwise. Each is called as what it is, not through decider: through an interface, the
+// compiler cannot tell that the batch's slices do not outlive the call, and a caller's reqs
+// and out would be moved to the heap, two allocations a decision.
+func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
+	if len(out) < len(reqs) {
+		return false, fmt.Errorf("redis backend: %d decisions for %d requests", len(out), len(reqs))
+	}
+	if b.leases != nil {
+		return b.leases.Decide(ctx, reqs, out[:len(reqs)])
+	}
+	return b.core.Decide(ctx, reqs, out[:len(reqs)])
+}
+
+// clock is the backend's monotonic clock.
+type clock struct{ epoch time.Time }
+
+func (c *clock) mono() int64 { return int64(time.Since(c.epoch)) }
+
+// background runs the backend's goroutines that outlive a call, until close.
+type background struct {
+	bgMu     sync.Mutex
+	bgClosed bool
+	bgCtx    context.Context // ends at close
+	bgCancel context.CancelFunc
+	bg       sync.WaitGroup
+}
+
+func newBackground() *background {
+	w := &background{}
+	w.bgCtx, w.bgCancel = context.WithCancel(context.Background())
+	return w
+}
+
+// spawn runs f in a goroutine with the background's context, unless closed; it reports whether
+// it did.
+func (w *background) spawn(f func(ctx context.Context)) bool {
+	w.bgMu.Lock()
+	defer w.bgMu.Unlock()
+	if w.bgClosed {
+		return false
+	}
+	w.bg.Go(func() { f(w.bgCtx) })
+	return true
+}
+
+// close ends the background's context and waits for its goroutines.
+func (w *background) close() {
+	w.bgMu.Lock()
+	w.bgClosed = true
+	w.bgMu.Unlock()
+	w.bgCancel()
+	w.bg.Wait()
+}
+
+// libraryState is the state of the library of Redis Functions (see script.go).
+type libraryState struct {
+	fcall          atomic.Bool  // calls go as FCALL: every master holds the library
+	evalOnly       bool         // tests: calls stay on EVALSHA
+	libraryRefused atomic.Bool  // for good: calls stay on EVALSHA
+	libraryNext    atomic.Int64 // mono: no background load before
+	reloading      atomic.Bool
+}
+
+// healthSubs tells its subscribers when healthy changes.
+type healthSubs struct {
+	healthy func() bool
+	mu      sync.Mutex
+	subs    map[int]func(bool)
+	next    int
+	last    bool // what the subscribers last heard
+}
+
+// changed tells the subscribers when healthy changed.
+func (h *healthSubs) changed() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	healthy := h.healthy()
+	if healthy == h.last {
+		return
+	}
+	h.last = healthy
+	for _, f := range h.subs {
+		f(healthy)
+	}
+}
+
+func (h *healthSubs) subscribe(f func(healthy bool)) (cancel func()) {
+	h.mu.Lock()
+	id := h.next
+	h.next++
+	h.subs[id] = f
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		delete(h.subs, id)
+		h.mu.Unlock()
+	}
+}
 
 // Errors, each wrapping backend.ErrUnavailable.
 var (
@@ -188,33 +262,29 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	}
 	co := clientOptions{poolSize: opts.PoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout}
 	setDefault(&opts.HealthInterval, time.Second)
+	work := newBackground()
+	c := &core{prefix: opts.KeyPrefix, cluster: opts.Target.Topology == Cluster, timeout: opts.Timeout, now: opts.Now,
+		log: opts.Logger, work: work}
+	c.jobs.New = func() any { return newJob() }
 	b := &Backend{
+		core:       c,
+		clock:      &clock{epoch: time.Now()},
+		background: work,
 		target:     opts.Target,
-		cluster:    opts.Target.Topology == Cluster,
-		merge:      opts.Coalesce > 0,
-		prefix:     opts.KeyPrefix,
-		timeout:    opts.Timeout,
 		probeTO:    opts.ProbeTimeout,
-		now:        opts.Now,
 		log:        opts.Logger,
-		epoch:      time.Now(),
-		subs:       map[int]func(bool){},
-		evalOnly:   opts.evalOnly,
-		clientOpts: co,
-		nodes:      map[string]*node{},
 		warn:       logthrottle.New(opts.Logger, 10*time.Second),
-		controls:   map[string]*goredis.Client{},
-		reloadCh:   make(chan struct{}, 1),
 	}
-	b.nodeCfg = nodeConfig{coalesce: opts.Coalesce, senders: opts.CoalescePipelines, failures: opts.BreakerFailures,
-		cooldown: opts.BreakerCooldown, healthInterval: max(opts.HealthInterval, 0)}
+	b.evalOnly = opts.evalOnly
+	b.health = &healthSubs{healthy: b.Healthy, subs: map[int]func(bool){}}
+	cfg := nodeConfig{coalesce: opts.Coalesce, senders: opts.CoalescePipelines, failures: opts.BreakerFailures,
+		cooldown: opts.BreakerCooldown, healthInterval: max(opts.HealthInterval, 0), probeTimeout: opts.ProbeTimeout}
 	if opts.Coalesce == 0 {
-		b.nodeCfg.coalesce, b.nodeCfg.senders = 1, opts.PoolSize
-		if b.nodeCfg.senders == 0 {
-			b.nodeCfg.senders = 10 * runtime.GOMAXPROCS(0) // go-redis's default pool size
+		cfg.coalesce, cfg.senders = 1, opts.PoolSize
+		if cfg.senders == 0 {
+			cfg.senders = 10 * runtime.GOMAXPROCS(0) // go-redis's default pool size
 		}
 	}
-	b.bgCtx, b.bgCancel = context.WithCancel(context.Background())
 	if opts.LocalCacheSize > 0 {
 		c, err := newDenials(opts.LocalCacheSize)
 		if err != nil {
@@ -222,17 +292,22 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		}
 		b.cache = c
 	}
-	b.jobs.New = func() any { return newJob() }
 	if opts.LeaseLifetime > 0 {
-		b.leases = newLeases(b, opts.LeaseLifetime)
+		b.leases = newLeases(c, b.mono, opts.LeaseLifetime)
 	}
+	deps := &nodeDeps{libraryState: &b.libraryState, cfg: cfg, cluster: b.cluster, merge: opts.Coalesce > 0, log: b.log, warn: b.warn,
+		mono: b.mono, nowArg: b.nowArg, libraryWanted: b.libraryWanted, useLibrary: b.useLibrary,
+		refuseLibrary: b.refuseLibrary, reloadLibrary: b.reloadLibrary, healthChanged: b.health.changed,
+		resets: &b.resets, purge: func() { purge(c, b.leases) }}
 	lctx, cancel := context.WithTimeout(ctx, opts.DialTimeout)
 	defer cancel()
 	if b.cluster {
-		b.rdb = newClusterClient(opts.Target, co, b.clusterSlots)
+		b.topo = newClusterTopo(opts.Target, b.prefix, co, deps, b.log, b.warn, b.health.changed)
+		c.topo = b.topo
+		deps.requestReload, deps.epochKey, deps.slotsOf = b.topo.requestReload, b.topo.epochKeyOf, b.topo.slotsOf
+		b.rdb = b.topo.admin
 		b.probe = b.rdb
-		b.lastHealthy = false
-		err := b.reloadTopology(lctx)
+		err := b.topo.reload(lctx)
 		if err == nil {
 			var loaded bool
 			var refused error
@@ -243,23 +318,27 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		if err != nil {
 			b.log.Warn("redis unavailable at start; deciding nothing until it answers", "redis", opts.Target.String(), "err", err)
 		}
-		b.bg.Add(1)
-		go b.topologyLoop()
-		b.healthChanged()
+		b.spawn(b.topo.loop)
+		b.health.changed()
 		return b, nil
 	}
+	epochKey := b.prefix + "epoch{}"
+	deps.requestReload = func(string) {}
+	deps.epochKey = func(*node) string { return epochKey }
+	deps.slotsOf = func(*node) int { return 0 }
 	b.rdb = newClient(opts.Target, co)
-	b.probe = newClient(opts.Target, clientOptions{poolSize: probePoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout, contextTimeout: true})
+	b.probe = newClient(opts.Target, probeOptions(co))
 	name := opts.Target.Addrs[0]
 	if opts.Target.Topology == Sentinel {
 		name = "sentinel:" + opts.Target.Master
 	}
-	b.single = b.newNode(name, b.rdb, b.probe, false)
-	b.lastHealthy = true
+	b.single = newNode(name, b.rdb, b.probe, deps)
+	c.single = b.single
+	b.health.last = true
 	// Loaded through the main client: its first connection is then open before any decision.
 	if loaded, refused, err := load(lctx, b.rdb, b.libraryWanted()); err != nil {
 		b.log.Warn("redis unavailable at start; deciding nothing until it answers", "redis", opts.Target.String(), "err", err)
-		b.single.br.trip(err)
+		b.single.br.Trip(err)
 	} else {
 		b.useLibrary(loaded, refused)
 		b.single.lastReply.Store(b.mono())
@@ -275,39 +354,14 @@ func setDefault[T comparable](v *T, def T) {
 	}
 }
 
-// probePoolSize is the probe client's pool size. The probe holds at most two connections (the
-// breaker's probe and kickProbe's, one each), but go-redis also takes the pool size as the
-// number of failed dials after which a pool stops dialling: it then answers with its last dial
-// error and dials only in the background, once a second. A pool of one would stop after the
-// first refused probe, and a Redis that came back would be found a second later rather than
-// at the next probe.
-const probePoolSize = 1024
-
-func (b *Backend) mono() int64 { return int64(time.Since(b.epoch)) }
-
-// healthChanged tells the health subscribers when Healthy changed.
-func (b *Backend) healthChanged() {
-	b.subMu.Lock()
-	defer b.subMu.Unlock()
-	healthy := b.Healthy()
-	if healthy == b.lastHealthy {
-		return
-	}
-	b.lastHealthy = healthy
-	for _, f := range b.subs {
-		f(healthy)
-	}
-}
-
 // Healthy implements backend.Health: false while no node answers (on a single node or
 // Sentinel, while its circuit breaker is open; on a Cluster, while no master in the slot map
 // answers, or there is no map).
 func (b *Backend) Healthy() bool {
 	if !b.cluster {
-		return b.single.br.allow()
+		return b.single.br.Allow()
 	}
-	t := b.topo.Load()
-	return t != nil && b.unavailableSlots(t) < slotCount
+	return b.topo.healthy()
 }
 
 // Degraded implements backend.Degradation: on a Cluster, how many slots are unavailable while
@@ -325,37 +379,25 @@ func (b *Backend) slotsDown() int {
 	if !b.cluster {
 		return 0
 	}
-	t := b.topo.Load()
-	if t == nil {
-		return slotCount
-	}
-	return b.unavailableSlots(t)
+	return b.topo.slotsDown()
 }
 
 // SubscribeHealth implements backend.Health.
-func (b *Backend) SubscribeHealth(f func(healthy bool)) (cancel func()) {
-	b.subMu.Lock()
-	id := b.nextSub
-	b.nextSub++
-	b.subs[id] = f
-	b.subMu.Unlock()
-	return func() {
-		b.subMu.Lock()
-		delete(b.subs, id)
-		b.subMu.Unlock()
-	}
-}
+func (b *Backend) SubscribeHealth(f func(healthy bool)) (cancel func()) { return b.health.subscribe(f) }
 
 // PurgeCache implements backend.CachePurger: it forgets every cached denial, and ends every
 // lease, giving back what it did not use. Cached entries are kept per limit, so a changed rule
 // never reuses a denial made under the old one; this is for when Redis state was reset, and
 // for a rule reload, whose limits leases were not charged under.
-func (b *Backend) PurgeCache() {
-	if b.cache != nil {
-		b.cache.c.Purge()
+func (b *Backend) PurgeCache() { purge(b.core, b.leases) }
+
+// purge forgets c's cached denials and ends the leases of l (nil when off).
+func purge(c *core, l *leases) {
+	if c.cache != nil {
+		c.cache.c.Purge()
 	}
-	if b.leases != nil {
-		b.leases.release()
+	if l != nil {
+		l.release()
 	}
 }
 
@@ -401,30 +443,15 @@ func (b *Backend) Close() error {
 		if b.leases != nil {
 			b.leases.close() // gives back every lease, while the nodes still answer
 		}
-		b.bgMu.Lock()
-		b.bgClosed = true
-		b.bgMu.Unlock()
-		b.bgCancel()
-		b.bg.Wait()
-		errs := []error{}
+		b.background.close()
+		var errs []error
 		if b.single != nil {
 			errs = append(errs, b.single.close())
 		}
-		b.nodesMu.Lock()
-		nodes := slices.Collect(maps.Values(b.nodes))
-		controls := slices.Collect(maps.Values(b.controls))
-		b.nodesMu.Unlock()
-		for _, n := range nodes {
-			errs = append(errs, n.close())
+		if b.topo != nil {
+			errs = append(errs, b.topo.close())
 		}
 		b.warn.Close()
-		for _, c := range controls {
-			errs = append(errs, c.Close())
-		}
-		errs = append(errs, b.rdb.Close())
-		if b.probe != b.rdb {
-			errs = append(errs, b.probe.Close())
-		}
 		err = errors.Join(errs...)
 	})
 	return err

@@ -3,6 +3,7 @@ package redis
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"github.com/rls-project/rls/internal/pipeline"
 	"strings"
 )
 
@@ -62,7 +63,7 @@ func crc16(s string) uint16 {
 }
 
 // route groups j's calls by the node they go to.
-func (b *Backend) route(j *job) error {
+func (b *core) route(j *job) error {
 	j.groups = j.groups[:0]
 	if !b.cluster {
 		for k := range j.calls {
@@ -72,13 +73,13 @@ func (b *Backend) route(j *job) error {
 	}
 	t := b.topo.Load()
 	if t == nil {
-		b.requestReload(reasonNoMap)
+		b.topo.requestReload(reasonNoMap)
 		return errNoSlotMap
 	}
 	for k := range j.calls {
 		n := t.owner[j.slots[k]]
 		if n == nil {
-			b.requestReload(reasonNodeDown)
+			b.topo.requestReload(reasonNodeDown)
 			return errUnowned
 		}
 		j.calls[k].node = n
@@ -90,13 +91,16 @@ func (b *Backend) route(j *job) error {
 // rerouted regroups the calls of j that found their slot moved (MOVED or ASK: they ran nothing)
 // to the nodes their replies name, and asks for the slot map again. It reports whether there
 // were any. Off a Cluster there are no slots to follow: a redirect is an error like any other.
-func (b *Backend) rerouted(j *job) bool {
+func (b *core) rerouted(j *job) bool {
 	if !b.cluster {
 		return false
 	}
 	any := false
 	for k := range j.calls {
 		c := &j.calls[k]
+		if c.err == nil {
+			continue // and spares redirect's two allocations (go-redis's HasErrorPrefix) a call
+		}
 		addr, ask, ok := redirect(c.err)
 		if !ok {
 			continue
@@ -106,11 +110,11 @@ func (b *Backend) rerouted(j *job) bool {
 			any = true
 		}
 		if ask {
-			b.requestReload(reasonAsk)
+			b.topo.requestReload(reasonAsk)
 		} else {
-			b.requestReload(reasonMoved)
+			b.topo.requestReload(reasonMoved)
 		}
-		c.err, c.asking, c.node = nil, ask, b.nodeFor(addr)
+		c.err, c.asking, c.node = nil, ask, b.topo.nodeFor(addr)
 		j.addToGroup(c.node, c)
 	}
 	return any
@@ -124,11 +128,11 @@ func (j *job) addToGroup(n *node, c *call) {
 	}
 	if g == len(j.groups) {
 		if len(j.pend) == g {
-			j.pend = append(j.pend, newPending())
+			j.pend = append(j.pend, pipeline.NewPending[*call]())
 		}
 		p := j.pend[g]
-		p.calls = p.calls[:0]
+		p.Calls, p.Multi = p.Calls[:0], c.multi
 		j.groups = append(j.groups, group{n: n, p: p})
 	}
-	j.groups[g].p.calls = append(j.groups[g].p.calls, c)
+	j.groups[g].p.Calls = append(j.groups[g].p.Calls, c)
 }

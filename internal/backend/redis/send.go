@@ -19,7 +19,7 @@ func (n *node) sendPipeline(calls []*call, deadline time.Time, lead bool) (ranOu
 	if len(calls) == 0 {
 		return false
 	}
-	b := n.b
+	b := n.deps
 	if lead {
 		n.leadOnce.Do(n.startLead)
 	}
@@ -138,7 +138,7 @@ func (h leadHook) ProcessPipelineHook(next goredis.ProcessPipelineHook) goredis.
 // after ASKING (a slot being migrated to this node). exec returns the error of the round trip
 // itself (no connection, a timeout), if any; each command carries its own error as well.
 func (n *node) exec(ctx context.Context, cmds []*goredis.Cmd, asking []bool) error {
-	b := n.b
+	b := n.deps
 	fcall := b.fcall.Load()
 	if fcall {
 		for _, c := range cmds {

@@ -4,15 +4,19 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
+	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/logthrottle"
 )
 
 // A Cluster's slot map is rls's own: which master owns each slot, fetched with CLUSTER SLOTS
@@ -21,6 +25,34 @@ import (
 // cluster-require-full-coverage is no), follows MOVED by resending (a script that may have run
 // would charge twice) and, in a pipeline, writes one node's error onto every command. rls
 // routes each call itself, to its master's own node (see node), on go-redis's plain clients.
+
+// clusterTopo is a Cluster's topology: its slot map, the node of every master the map names
+// and the control clients its fetches ask. It starts a node for each master as the map names
+// it, and closes the nodes and control clients of those that leave it (an address gone: a pod
+// restarted with a new IP, a master that handed all its slots over), once the map that does
+// not name them is published, so that no decision is routed to them after. A decision that
+// still holds a node being closed fails as Redis unavailable.
+type clusterTopo struct {
+	target  Target
+	prefix  string
+	clients clientOptions
+	admin   *goredis.ClusterClient // keys' administration (Reset): takes its slot map from this one
+	deps    *nodeDeps              // what each node is handed
+	log     *slog.Logger
+	warn    *logthrottle.Throttle
+	changed func() // the backend's health may have changed
+
+	cur          atomic.Pointer[topology]
+	reloadCh     chan struct{}
+	reloadReason atomic.Pointer[string]
+	reloads      [numReasons]atomic.Uint64
+
+	mu       sync.Mutex
+	nodes    map[string]*node // every master of the map, by address (and redirects' targets)
+	controls map[string]*goredis.Client
+	closed   bool
+	closing  sync.WaitGroup // nodes and clients being closed
+}
 
 // topology is a Cluster's slot map at one instant. It is never changed once published.
 type topology struct {
@@ -68,37 +100,44 @@ var (
 	errUnowned   = fmt.Errorf("%w: redis cluster: the key's slot has no master", backend.ErrUnavailable)
 )
 
+func newClusterTopo(target Target, prefix string, clients clientOptions, deps *nodeDeps, log *slog.Logger,
+	warn *logthrottle.Throttle, changed func()) *clusterTopo {
+	t := &clusterTopo{target: target, prefix: prefix, clients: clients, deps: deps, log: log, warn: warn, changed: changed,
+		reloadCh: make(chan struct{}, 1), nodes: map[string]*node{}, controls: map[string]*goredis.Client{}}
+	t.admin = newClusterClient(target, clients, t.clusterSlots)
+	return t
+}
+
+// Load returns the slot map now: nil before the first one.
+func (t *clusterTopo) Load() *topology { return t.cur.Load() }
+
 // requestReload asks for a reload of the slot map, soon (at most one every reloadGap).
-func (b *Backend) requestReload(reason string) {
-	if !b.cluster {
-		return
-	}
-	b.reloadReason.Store(&reason)
+func (t *clusterTopo) requestReload(reason string) {
+	t.reloadReason.Store(&reason)
 	select {
-	case b.reloadCh <- struct{}{}:
+	case t.reloadCh <- struct{}{}:
 	default:
 	}
 }
 
 // topologyLoop reloads the slot map when asked, while some of it is unavailable, and every
 // periodicReload, until Close.
-func (b *Backend) topologyLoop() {
-	defer b.bg.Done()
+func (t *clusterTopo) loop(ctx context.Context) {
 	tick := time.NewTicker(degradedReload)
 	defer tick.Stop()
 	last := time.Now()
 	for {
 		var reason string
 		select {
-		case <-b.bgCtx.Done():
+		case <-ctx.Done():
 			return
-		case <-b.reloadCh:
-			reason = *b.reloadReason.Load()
+		case <-t.reloadCh:
+			reason = *t.reloadReason.Load()
 		case <-tick.C:
-			switch t := b.topo.Load(); {
-			case t == nil:
+			switch m := t.Load(); {
+			case m == nil:
 				reason = reasonNoMap
-			case b.unavailableSlots(t) > 0:
+			case m.unavailable() > 0:
 				reason = reasonNodeDown
 			case time.Since(last) >= periodicReload:
 				reason = reasonPeriodic
@@ -107,276 +146,238 @@ func (b *Backend) topologyLoop() {
 			}
 		}
 		last = time.Now()
-		b.reloads[slices.Index(reloadReasons[:], reason)].Add(1)
-		ctx, cancel := context.WithTimeout(b.bgCtx, fetchTimeout)
-		err := b.reloadTopology(ctx)
+		t.reloads[slices.Index(reloadReasons[:], reason)].Add(1)
+		fctx, cancel := context.WithTimeout(ctx, fetchTimeout)
+		err := t.reload(fctx)
 		cancel()
 		if err != nil {
-			b.warn.Warn("slot map not reloaded", "redis cluster: slot map not reloaded; retrying", "err", err)
+			t.warn.Warn("slot map not reloaded", "redis cluster: slot map not reloaded; retrying", "err", err)
 		}
 		select {
-		case <-b.bgCtx.Done():
+		case <-ctx.Done():
 			return
 		case <-time.After(reloadGap):
 		}
 	}
 }
 
-// reloadTopology fetches the slot map and publishes it.
-func (b *Backend) reloadTopology(ctx context.Context) error {
-	ranges, err := b.fetchSlots(ctx)
+// reload fetches the slot map and publishes it.
+func (t *clusterTopo) reload(ctx context.Context) error {
+	ranges, err := t.fetchSlots(ctx)
 	if err != nil {
 		return err
 	}
-	b.applySlots(ranges)
+	t.apply(ranges)
 	return nil
 }
 
-// fetchSlots asks every node it knows of (the URL's seed nodes, the masters and replicas of the
-// map) for the slot map, at once, and takes the view most of those answering within fetchLinger
-// of the first hold: a node that is back from a pause may still tell its old view for a moment.
-func (b *Backend) fetchSlots(ctx context.Context) ([]goredis.ClusterSlot, error) {
-	asked := b.askable()
-	type answer struct {
-		ranges []goredis.ClusterSlot
-		err    error
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	answers := make(chan answer, len(asked))
-	for _, a := range asked {
-		c := b.control(a)
-		go func() {
-			r, err := c.ClusterSlots(ctx).Result()
-			if err == nil {
-				fillHosts(r, a)
-				if len(r) == 0 {
-					err = errors.New("CLUSTER SLOTS: no slots (is cluster mode on?)")
-				}
-			}
-			answers <- answer{r, err}
-		}()
-	}
-	var views [][]goredis.ClusterSlot
-	var sigs []string
-	var votes []int
-	var errs []error
-	var linger <-chan time.Time
-	for range asked {
-		var a answer
-		select {
-		case a = <-answers:
-		case <-linger:
-		case <-ctx.Done():
-		}
-		if a.ranges == nil && a.err == nil {
-			break // lingered enough, or out of time
-		}
-		if a.err != nil {
-			errs = append(errs, a.err)
-			continue
-		}
-		if linger == nil {
-			linger = time.After(fetchLinger)
-		}
-		i := slices.Index(sigs, rangesSig(a.ranges))
-		if i < 0 {
-			views, sigs, votes = append(views, a.ranges), append(sigs, rangesSig(a.ranges)), append(votes, 0)
-			i = len(views) - 1
-		}
-		votes[i]++
-	}
-	if len(views) == 0 {
-		if len(errs) == 0 {
-			errs = append(errs, ctx.Err())
-		}
-		return nil, fmt.Errorf("no node answered CLUSTER SLOTS: %w", errors.Join(errs...))
-	}
-	best := 0
-	for i := range views {
-		if votes[i] > votes[best] {
-			best = i
-		}
-	}
-	return views[best], nil
-}
-
-// askable returns the nodes a fetch asks: the URL's seed nodes, then the map's masters and
-// replicas.
-func (b *Backend) askable() []string {
-	seen := map[string]bool{}
-	var out []string
-	add := func(a string) {
-		if a != "" && !seen[a] && len(out) < maxAsked {
-			seen[a] = true
-			out = append(out, a)
-		}
-	}
-	for _, a := range b.target.Addrs {
-		add(a)
-	}
-	if t := b.topo.Load(); t != nil {
-		for _, n := range t.masters {
-			add(n.name)
-		}
-		for _, a := range t.replicas {
-			add(a)
-		}
-	}
-	return out
-}
-
-// fillHosts gives the addresses with no host (a node that does not know its own address) the
-// host of the node that answered, as Redis means.
-func fillHosts(ranges []goredis.ClusterSlot, from string) {
-	host, _, _ := net.SplitHostPort(from)
-	for i := range ranges {
-		for j := range ranges[i].Nodes {
-			a := &ranges[i].Nodes[j].Addr
-			h, p, err := net.SplitHostPort(*a)
-			if err == nil && (h == "" || h == "?") {
-				*a = net.JoinHostPort(host, p)
-			}
-		}
-	}
-}
-
-// rangesSig is what a slot map says: each range's master, in order.
-func rangesSig(ranges []goredis.ClusterSlot) string {
-	parts := make([]string, 0, len(ranges))
-	for _, r := range ranges {
-		m := ""
-		if len(r.Nodes) > 0 {
-			m = r.Nodes[0].Addr
-		}
-		parts = append(parts, strconv.Itoa(r.Start)+"-"+strconv.Itoa(r.End)+"="+m)
-	}
-	slices.Sort(parts)
-	return strings.Join(parts, ",")
-}
-
-// applySlots publishes the slot map ranges describes, with a node for each master it names,
-// and logs a change.
-func (b *Backend) applySlots(ranges []goredis.ClusterSlot) {
-	t := &topology{slots: map[*node]int{}, ranges: ranges, sig: rangesSig(ranges)}
+// apply publishes the slot map ranges describes, with a node for each master it names, logs a
+// change, and then closes the nodes and control clients the map no longer names.
+func (t *clusterTopo) apply(ranges []goredis.ClusterSlot) {
+	m := &topology{slots: map[*node]int{}, ranges: ranges, sig: rangesSig(ranges)}
 	seenReplica := map[string]bool{}
 	for _, r := range ranges {
 		if len(r.Nodes) == 0 || r.Start < 0 || r.End >= slotCount || r.Start > r.End {
 			continue
 		}
-		n := b.nodeFor(r.Nodes[0].Addr)
-		if _, ok := t.slots[n]; !ok {
-			t.masters = append(t.masters, n)
+		n := t.nodeFor(r.Nodes[0].Addr)
+		if _, ok := m.slots[n]; !ok {
+			m.masters = append(m.masters, n)
 		}
 		for s := r.Start; s <= r.End; s++ {
-			if t.owner[s] == nil {
-				t.slots[n]++
+			if m.owner[s] == nil {
+				m.slots[n]++
 			}
-			t.owner[s] = n
+			m.owner[s] = n
 		}
 		for _, rep := range r.Nodes[1:] {
 			if !seenReplica[rep.Addr] {
 				seenReplica[rep.Addr] = true
-				t.replicas = append(t.replicas, rep.Addr)
+				m.replicas = append(m.replicas, rep.Addr)
 			}
 		}
 	}
-	for s := range t.owner {
-		if t.owner[s] == nil {
-			t.unowned++
+	for s := range m.owner {
+		if m.owner[s] == nil {
+			m.unowned++
 		}
 	}
-	old := b.topo.Swap(t)
-	if old == nil || old.sig != t.sig {
-		masters := make([]string, 0, len(t.masters))
-		for _, n := range t.masters {
-			masters = append(masters, n.name+"="+strconv.Itoa(t.slots[n]))
+	old := t.cur.Swap(m)
+	if old == nil || old.sig != m.sig {
+		masters := make([]string, 0, len(m.masters))
+		for _, n := range m.masters {
+			masters = append(masters, n.name+"="+strconv.Itoa(m.slots[n]))
 		}
 		if old != nil {
-			b.log.Info("redis cluster topology changed", "masters", strings.Join(masters, " "), "unowned_slots", t.unowned)
+			t.log.Info("redis cluster topology changed", "masters", strings.Join(masters, " "), "unowned_slots", m.unowned)
 		} else {
-			b.log.Debug("redis cluster slot map", "masters", strings.Join(masters, " "), "unowned_slots", t.unowned)
+			t.log.Debug("redis cluster slot map", "masters", strings.Join(masters, " "), "unowned_slots", m.unowned)
 		}
 		// The ClusterClient kept for keys' administration (Reset) takes its map from this one.
-		b.rdb.(*goredis.ClusterClient).ReloadState(context.Background())
+		t.admin.ReloadState(context.Background())
 	}
-	b.healthChanged()
+	t.prune(m)
+	t.changed()
 }
 
-// nodeFor returns the node of the master at addr, starting it the first time.
-func (b *Backend) nodeFor(addr string) *node {
-	b.nodesMu.Lock()
-	defer b.nodesMu.Unlock()
-	if n, ok := b.nodes[addr]; ok {
+// prune closes, in the background, the nodes that m, just published, does not name as masters,
+// and the control clients of the addresses a fetch no longer asks. Nothing routes to those
+// nodes any more; a decision that still holds one fails as Redis unavailable (see node.close).
+func (t *clusterTopo) prune(m *topology) {
+	asked := t.askable()
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return
+	}
+	var gone []*node
+	for addr, n := range t.nodes {
+		if _, ok := m.slots[n]; !ok {
+			delete(t.nodes, addr)
+			gone = append(gone, n)
+		}
+	}
+	var controls []*goredis.Client
+	for addr, c := range t.controls {
+		if !slices.Contains(asked, addr) {
+			delete(t.controls, addr)
+			controls = append(controls, c)
+		}
+	}
+	if len(gone) == 0 && len(controls) == 0 {
+		return
+	}
+	for _, n := range gone {
+		t.log.Info("redis cluster: closing a node that left the slot map", "node", n.name)
+	}
+	t.closing.Go(func() {
+		for _, n := range gone {
+			_ = n.close()
+		}
+		for _, c := range controls {
+			_ = c.Close()
+		}
+	})
+}
+
+// nodeFor returns the node of the master at addr, starting it the first time. After close, a
+// node is still returned, closed: its decisions fail as Redis unavailable.
+func (t *clusterTopo) nodeFor(addr string) *node {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if n, ok := t.nodes[addr]; ok {
 		return n
 	}
-	rdb := newNodeClient(b.target, addr, b.clientOpts)
-	probe := newNodeClient(b.target, addr, clientOptions{poolSize: probePoolSize, dialTimeout: b.clientOpts.dialTimeout,
-		readTimeout: b.clientOpts.readTimeout, contextTimeout: true})
-	n := b.newNode(addr, rdb, probe, true)
-	b.nodes[addr] = n
+	rdb := newNodeClient(t.target, addr, t.clients)
+	probe := newNodeClient(t.target, addr, probeOptions(t.clients))
+	n := newNode(addr, rdb, probe, t.deps)
+	if t.closed {
+		_ = n.close()
+		return n
+	}
+	t.nodes[addr] = n
 	n.start()
 	return n
 }
 
 // control returns the client a fetch asks addr with: one connection, its reads bounded by the
 // fetch's deadline.
-func (b *Backend) control(addr string) *goredis.Client {
-	b.nodesMu.Lock()
-	defer b.nodesMu.Unlock()
-	if c, ok := b.controls[addr]; ok {
+func (t *clusterTopo) control(addr string) *goredis.Client {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if c, ok := t.controls[addr]; ok {
 		return c
 	}
-	c := newNodeClient(b.target, addr, clientOptions{poolSize: 2, dialTimeout: min(b.clientOpts.dialTimeout, fetchTimeout),
-		readTimeout: b.clientOpts.readTimeout, contextTimeout: true}).(*goredis.Client)
-	b.controls[addr] = c
+	c := newControlClient(t.target, addr, t.clients)
+	if !t.closed {
+		t.controls[addr] = c
+	}
 	return c
 }
 
-// clusterSlots is the ClusterClient's source of its slot map: this one.
-func (b *Backend) clusterSlots(ctx context.Context) ([]goredis.ClusterSlot, error) {
-	if t := b.topo.Load(); t != nil {
-		return t.ranges, nil
+// clusterSlots is the admin ClusterClient's source of its slot map: this one.
+func (t *clusterTopo) clusterSlots(ctx context.Context) ([]goredis.ClusterSlot, error) {
+	if m := t.Load(); m != nil {
+		return m.ranges, nil
 	}
-	return b.fetchSlots(ctx)
+	return t.fetchSlots(ctx)
 }
 
-// unavailableSlots counts the slots of t whose master is down or that no master serves.
-func (b *Backend) unavailableSlots(t *topology) int {
-	n := t.unowned
-	for _, m := range t.masters {
-		if !m.br.allow() {
-			n += t.slots[m]
+// live returns the nodes the topology holds now.
+func (t *clusterTopo) live() []*node {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return slices.Collect(maps.Values(t.nodes))
+}
+
+// close closes every node and client of the topology, and waits for those being closed.
+func (t *clusterTopo) close() error {
+	t.mu.Lock()
+	t.closed = true
+	nodes := slices.Collect(maps.Values(t.nodes))
+	controls := slices.Collect(maps.Values(t.controls))
+	t.nodes, t.controls = map[string]*node{}, map[string]*goredis.Client{}
+	t.mu.Unlock()
+	var errs []error
+	for _, n := range nodes {
+		errs = append(errs, n.close())
+	}
+	for _, c := range controls {
+		errs = append(errs, c.Close())
+	}
+	t.closing.Wait()
+	errs = append(errs, t.admin.Close())
+	return errors.Join(errs...)
+}
+
+// healthy reports whether some slot of the map is available.
+func (t *clusterTopo) healthy() bool {
+	m := t.Load()
+	return m != nil && m.unavailable() < slotCount
+}
+
+// slotsDown counts the slots unavailable: all of them with no slot map yet.
+func (t *clusterTopo) slotsDown() int {
+	m := t.Load()
+	if m == nil {
+		return slotCount
+	}
+	return m.unavailable()
+}
+
+// unavailable counts the slots of m whose master is down or that no master serves.
+func (m *topology) unavailable() int {
+	n := m.unowned
+	for _, o := range m.masters {
+		if !o.br.Allow() {
+			n += m.slots[o]
 		}
 	}
 	return n
 }
 
 // slotsOf returns how many slots n serves in the map.
-func (b *Backend) slotsOf(n *node) int {
-	if t := b.topo.Load(); t != nil {
-		return t.slots[n]
+func (t *clusterTopo) slotsOf(n *node) int {
+	if m := t.Load(); m != nil {
+		return m.slots[n]
 	}
 	return 0
 }
 
-// epochKeyOf returns the key of n's epoch: on a Cluster, one whose slot n owns (found the same
-// way for every replica of rls, and for the replica that takes n's slots over); "" when n
-// owns none. No decision's key is named so: storedKey puts "{}" first in any key holding '{'.
-func (b *Backend) epochKeyOf(n *node) string {
-	if !b.cluster {
-		return b.prefix + "epoch{}"
-	}
-	t := b.topo.Load()
-	if t == nil || t.slots[n] == 0 {
+// epochKeyOf returns the key of n's epoch: one whose slot n owns (found the same way for every
+// replica of rls, and for the replica that takes n's slots over); "" when n owns none. No
+// decision's key is named so: storedKey puts "{}" first in any key holding '{'.
+func (t *clusterTopo) epochKeyOf(n *node) string {
+	m := t.Load()
+	if m == nil || m.slots[n] == 0 {
 		return ""
 	}
-	if n.epochKey != "" && t.owner[slot(n.epochKey)] == n {
+	if n.epochKey != "" && m.owner[slot(n.epochKey)] == n {
 		return n.epochKey
 	}
 	for i := 0; i < 1<<20; i++ {
-		k := b.prefix + "epoch{" + strconv.Itoa(i) + "}"
-		if t.owner[slot(k)] == n {
+		k := t.prefix + "epoch{" + strconv.Itoa(i) + "}"
+		if m.owner[slot(k)] == n {
 			return k
 		}
 	}

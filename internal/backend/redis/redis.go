@@ -233,14 +233,14 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if len(opts.Target.Addrs) == 0 {
 		return nil, errors.New("redis backend: no address")
 	}
-	setDefault(&opts.DialTimeout, time.Second)
-	setDefault(&opts.ReadTimeout, time.Second)
-	setDefault(&opts.Timeout, 50*time.Millisecond)
-	setDefault(&opts.KeyPrefix, "rls:")
-	setDefault(&opts.CoalescePipelines, 1)
-	setDefault(&opts.BreakerFailures, 5)
-	setDefault(&opts.BreakerCooldown, 500*time.Millisecond)
-	setDefault(&opts.ProbeTimeout, time.Second)
+	setDefault(&opts.DialTimeout, DefaultDialTimeout)
+	setDefault(&opts.ReadTimeout, DefaultReadTimeout)
+	setDefault(&opts.Timeout, DefaultTimeout)
+	setDefault(&opts.KeyPrefix, DefaultKeyPrefix)
+	setDefault(&opts.CoalescePipelines, DefaultCoalescePipelines)
+	setDefault(&opts.BreakerFailures, DefaultBreakerFailures)
+	setDefault(&opts.BreakerCooldown, DefaultBreakerCooldown)
+	setDefault(&opts.ProbeTimeout, DefaultProbeTimeout)
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
@@ -261,7 +261,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		return nil, fmt.Errorf("redis backend: %w", err)
 	}
 	co := clientOptions{poolSize: opts.PoolSize, dialTimeout: opts.DialTimeout, readTimeout: opts.ReadTimeout}
-	setDefault(&opts.HealthInterval, time.Second)
+	setDefault(&opts.HealthInterval, DefaultHealthInterval)
 	work := newBackground()
 	c := &core{prefix: opts.KeyPrefix, cluster: opts.Target.Topology == Cluster, timeout: opts.Timeout, now: opts.Now,
 		log: opts.Logger, work: work}

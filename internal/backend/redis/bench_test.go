@@ -229,7 +229,7 @@ func BenchmarkScriptBaseline(b *testing.B) {
 // callArgs makes args, a call of the script, a call as exec sends it: FCALL while the library is
 // loaded.
 func (b *Backend) callArgs(args []any) []any {
-	if b.fcall.Load() {
+	if b.lib.fcall.Load() {
 		args[0], args[1] = "fcall", functionName
 	}
 	return args

@@ -30,8 +30,8 @@ func TestNoScript(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newTestBackend(t, tc.env, tc.opts)
 			ctx := context.Background()
-			if b.fcall.Load() == tc.opts.evalOnly {
-				t.Fatalf("calls by FCALL: %v, want %v (Redis 7 takes the library)", b.fcall.Load(), !tc.opts.evalOnly)
+			if b.lib.fcall.Load() == tc.opts.evalOnly {
+				t.Fatalf("calls by FCALL: %v, want %v (Redis 7 takes the library)", b.lib.fcall.Load(), !tc.opts.evalOnly)
 			}
 			flush := func() {
 				each := func(ctx context.Context, n goredis.Cmdable) error {
@@ -68,13 +68,13 @@ func TestNoScript(t *testing.T) {
 				decide(i, "after SCRIPT FLUSH and FUNCTION FLUSH")
 			}
 			if tc.opts.evalOnly {
-				if b.fcall.Load() {
+				if b.lib.fcall.Load() {
 					t.Fatal("calls by FCALL with evalOnly")
 				}
 				return
 			}
 			deadline := time.Now().Add(5 * time.Second)
-			for !b.fcall.Load() {
+			for !b.lib.fcall.Load() {
 				if time.Now().After(deadline) {
 					t.Fatal("the library was not loaded again within 5s")
 				}
@@ -96,8 +96,8 @@ func TestLibraryRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := newURLBackend(t, "redis://nofn:pw@"+r.Addr())
-	if !b.Healthy() || b.fcall.Load() {
-		t.Fatalf("healthy %v, calls by FCALL %v: want healthy, by EVALSHA", b.Healthy(), b.fcall.Load())
+	if !b.Healthy() || b.lib.fcall.Load() {
+		t.Fatalf("healthy %v, calls by FCALL %v: want healthy, by EVALSHA", b.Healthy(), b.lib.fcall.Load())
 	}
 	l := limit.Limit{Rate: 2, Period: time.Hour, Burst: 2}
 	for i, want := range []bool{true, true, false} {
@@ -159,7 +159,7 @@ func TestFCallRefused(t *testing.T) {
 					t.Fatal(err)
 				}
 				defer b.Close()
-				if !b.fcall.Load() {
+				if !b.lib.fcall.Load() {
 					t.Fatal("the library was not loaded")
 				}
 				l := limit.Limit{Rate: 2, Period: time.Hour, Burst: 2}
@@ -169,9 +169,9 @@ func TestFCallRefused(t *testing.T) {
 						t.Fatalf("coalesce %d, call %d: admitted=%v err=%v, want admitted=%v", coalesce, i, ok, err, want)
 					}
 				}
-				if b.fcall.Load() || !b.libraryRefused.Load() || !b.Healthy() {
+				if b.lib.fcall.Load() || !b.lib.libraryRefused.Load() || !b.Healthy() {
 					t.Fatalf("coalesce %d: calls by FCALL %v, library refused %v, healthy %v: want EVALSHA for good, healthy",
-						coalesce, b.fcall.Load(), b.libraryRefused.Load(), b.Healthy())
+						coalesce, b.lib.fcall.Load(), b.lib.libraryRefused.Load(), b.Healthy())
 				}
 			}
 		})
@@ -190,16 +190,16 @@ func TestLibraryLater(t *testing.T) {
 		t.Fatal(err)
 	}
 	b := newURLBackend(t, r.URL())
-	if !b.Healthy() || b.fcall.Load() || b.libraryRefused.Load() {
+	if !b.Healthy() || b.lib.fcall.Load() || b.lib.libraryRefused.Load() {
 		t.Fatalf("healthy %v, calls by FCALL %v, library refused %v: want healthy, EVALSHA, not refused for good",
-			b.Healthy(), b.fcall.Load(), b.libraryRefused.Load())
+			b.Healthy(), b.lib.fcall.Load(), b.lib.libraryRefused.Load())
 	}
 	if err := admin.ConfigSet(ctx, "maxmemory", "0").Err(); err != nil {
 		t.Fatal(err)
 	}
 	l := limit.Limit{Rate: 1000, Period: time.Hour, Burst: 1000}
 	deadline := time.Now().Add(5 * time.Second)
-	for i := 0; !b.fcall.Load(); i++ {
+	for i := 0; !b.lib.fcall.Load(); i++ {
 		if time.Now().After(deadline) {
 			t.Fatal("the library was not loaded within 5s of Redis taking writes again")
 		}

@@ -92,20 +92,14 @@ type nodeConfig struct {
 // through which it tells the rest of the backend what it found. A node holds nothing else of
 // the backend and calls nothing else of it.
 type nodeDeps struct {
-	*libraryState // calls go as FCALL while its fcall is set
-	cfg           nodeConfig
-	cluster       bool // a master of a Cluster
-	merge         bool // merge coalesced calls into one script call (single node)
-	log           *slog.Logger
-	warn          *logthrottle.Throttle // warnings that repeat while Redis is down
-	mono          func() int64          // the backend's monotonic clock
-	nowArg        func() int64          // the instant the script decides at: 0 for Redis TIME
-
-	// The library of Redis Functions, kept for every master (script.go).
-	libraryWanted func() bool
-	useLibrary    func(loaded bool, refusal error)
-	refuseLibrary func(why error)
-	reloadLibrary func()
+	*libraryUse // calls go as FCALL while its fcall is set
+	cfg         nodeConfig
+	cluster     bool // a master of a Cluster
+	merge       bool // merge coalesced calls into one script call (single node)
+	log         *slog.Logger
+	warn        *logthrottle.Throttle // warnings that repeat while Redis is down
+	mono        func() int64          // the backend's monotonic clock
+	nowArg      func() int64          // the instant the script decides at: 0 for Redis TIME
 
 	// The topology: a reload of the slot map asked for (nil off a Cluster), the key of a
 	// node's epoch ("" while it owns no slot), the slots it serves.

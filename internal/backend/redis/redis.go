@@ -78,10 +78,10 @@ type Options struct {
 // what decides (the leases layer over the core, or the core); the health subscribers; the
 // library's state; the background work and the clock they share.
 type Backend struct {
-	*core        // what decides without leases (decide.go)
-	*clock       // mono, the instants of nodes and leases
-	*background  // goroutines that outlive a call: the library's loads, undos, the topology's loop
-	libraryState // the library of Redis Functions: FCALL or EVALSHA (script.go)
+	*core                   // what decides without leases (decide.go)
+	*clock                  // mono, the instants of nodes and leases
+	*background             // goroutines that outlive a call: the library's loads, undos, the topology's loop
+	lib         *libraryUse // the library of Redis Functions: FCALL or EVALSHA (library.go)
 
 	// rdb and probe are, on a single node and Sentinel, the node's clients (the decisions' and
 	// the probe's, closed with it); on a Cluster, both the topology's admin ClusterClient, kept
@@ -172,15 +172,6 @@ func (w *background) close() {
 	w.bgMu.Unlock()
 	w.bgCancel()
 	w.bg.Wait()
-}
-
-// libraryState is the state of the library of Redis Functions (see script.go).
-type libraryState struct {
-	fcall          atomic.Bool  // calls go as FCALL: every master holds the library
-	evalOnly       bool         // tests: calls stay on EVALSHA
-	libraryRefused atomic.Bool  // for good: calls stay on EVALSHA
-	libraryNext    atomic.Int64 // mono: no background load before
-	reloading      atomic.Bool
 }
 
 // healthSubs tells its subscribers when healthy changes.
@@ -275,7 +266,7 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		log:        opts.Logger,
 		warn:       logthrottle.New(opts.Logger, 10*time.Second),
 	}
-	b.evalOnly = opts.evalOnly
+	b.lib = &libraryUse{evalOnly: opts.evalOnly, mono: b.mono, log: b.log, work: work, timeout: opts.ProbeTimeout}
 	b.health = &healthSubs{healthy: b.Healthy, subs: map[int]func(bool){}}
 	cfg := nodeConfig{coalesce: opts.Coalesce, senders: opts.CoalescePipelines, failures: opts.BreakerFailures,
 		cooldown: opts.BreakerCooldown, healthInterval: max(opts.HealthInterval, 0), probeTimeout: opts.ProbeTimeout}
@@ -295,14 +286,14 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	if opts.LeaseLifetime > 0 {
 		b.leases = newLeases(c, b.mono, opts.LeaseLifetime)
 	}
-	deps := &nodeDeps{libraryState: &b.libraryState, cfg: cfg, cluster: b.cluster, merge: opts.Coalesce > 0, log: b.log, warn: b.warn,
-		mono: b.mono, nowArg: b.nowArg, libraryWanted: b.libraryWanted, useLibrary: b.useLibrary,
-		refuseLibrary: b.refuseLibrary, reloadLibrary: b.reloadLibrary, healthChanged: b.health.changed,
+	deps := &nodeDeps{libraryUse: b.lib, cfg: cfg, cluster: b.cluster, merge: opts.Coalesce > 0, log: b.log, warn: b.warn,
+		mono: b.mono, nowArg: b.nowArg, healthChanged: b.health.changed,
 		resets: &b.resets, purge: func() { purge(c, b.leases) }}
 	lctx, cancel := context.WithTimeout(ctx, opts.DialTimeout)
 	defer cancel()
 	if b.cluster {
 		b.topo = newClusterTopo(opts.Target, b.prefix, co, deps, b.log, b.warn, b.health.changed)
+		b.lib.loadAll = b.topo.loadMasters
 		c.topo = b.topo
 		deps.requestReload, deps.epochKey, deps.slotsOf = b.topo.requestReload, b.topo.epochKeyOf, b.topo.slotsOf
 		b.rdb = b.topo.admin
@@ -311,8 +302,8 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 		if err == nil {
 			var loaded bool
 			var refused error
-			if loaded, refused, err = b.loadMasters(lctx); err == nil {
-				b.useLibrary(loaded, refused)
+			if loaded, refused, err = b.topo.loadMasters(lctx, b.lib.libraryWanted()); err == nil {
+				b.lib.useLibrary(loaded, refused)
 			}
 		}
 		if err != nil {
@@ -328,6 +319,8 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	deps.slotsOf = func(*node) int { return 0 }
 	b.rdb = newClient(opts.Target, co)
 	b.probe = newClient(opts.Target, probeOptions(co))
+	probe := b.probe
+	b.lib.loadAll = func(ctx context.Context, wanted bool) (bool, error, error) { return load(ctx, probe, wanted) }
 	name := opts.Target.Addrs[0]
 	if opts.Target.Topology == Sentinel {
 		name = "sentinel:" + opts.Target.Master
@@ -336,11 +329,11 @@ func New(ctx context.Context, opts Options) (*Backend, error) {
 	c.single = b.single
 	b.health.last = true
 	// Loaded through the main client: its first connection is then open before any decision.
-	if loaded, refused, err := load(lctx, b.rdb, b.libraryWanted()); err != nil {
+	if loaded, refused, err := load(lctx, b.rdb, b.lib.libraryWanted()); err != nil {
 		b.log.Warn("redis unavailable at start; deciding nothing until it answers", "redis", opts.Target.String(), "err", err)
 		b.single.br.Trip(err)
 	} else {
-		b.useLibrary(loaded, refused)
+		b.lib.useLibrary(loaded, refused)
 		b.single.lastReply.Store(b.mono())
 	}
 	b.single.start()

@@ -224,8 +224,8 @@ func TestScriptMatchesDecideBatch(t *testing.T) {
 	}{{"single", singleEnv, false}, {"cluster", clusterEnv, false}, {"single EVALSHA", singleEnv, true}} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := newTestBackend(t, tc.env, Options{evalOnly: tc.evalOnly})
-			if b.fcall.Load() == tc.evalOnly {
-				t.Fatalf("calls by FCALL: %v, want %v", b.fcall.Load(), !tc.evalOnly)
+			if b.lib.fcall.Load() == tc.evalOnly {
+				t.Fatalf("calls by FCALL: %v, want %v", b.lib.fcall.Load(), !tc.evalOnly)
 			}
 			steps := steps
 			if tc.evalOnly {

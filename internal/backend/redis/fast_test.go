@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +23,10 @@ import (
 // shape (enforced GCRA charges without overdraft) on keys that hold nothing, a state of their
 // limit's terms, of another limit's, the text form, or another algorithm's state, mixed with
 // requests of other shapes on the same keys (refunds, quota, overdraft, costs of 0), and with
-// thresholds that refuse them.
+// thresholds that refuse them. After about half of the rounds one key takes a lease (a charge of
+// its cost and the lease's hits, of the fast path's shape) and gives it back a random time
+// later, before, while and after time restores its hits: the give-back reads what both paths
+// stored and the instant and reset the charge replied, as lease.go does.
 func TestFastPathMatchesGeneral(t *testing.T) {
 	b := newTestBackend(t, singleEnv, Options{})
 	ctx := context.Background()
@@ -30,14 +35,59 @@ func TestFastPathMatchesGeneral(t *testing.T) {
 		t.Fatal("the script renders no FAST_FLAGS line to replace")
 	}
 	now := time.Now().UnixMicro()
+	if s := os.Getenv("RLS_TEST_FAST_SEED"); s != "" { // a failed run's seed, to run it again
+		var err error
+		if now, err = strconv.ParseInt(s, 10, 64); err != nil {
+			t.Fatal(err)
+		}
+	}
 	seed := uint64(now)
-	t.Logf("seed %d", seed)
+	t.Logf("seed %d (RLS_TEST_FAST_SEED runs it again)", seed)
 	rng := rand.New(rand.NewPCG(35, seed))
 	keys := make([]string, 4)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("fast-%d", i)
 	}
-	fastShaped := 0
+	// eval runs args (decideArgs and the like) with the script source.
+	eval := func(round int, source string, args []any) string {
+		t.Helper()
+		args[0], args[1] = "eval", source
+		reply, err := b.rdb.Do(ctx, args...).Text()
+		if err != nil {
+			t.Fatalf("round %d: %v", round, err)
+		}
+		return reply
+	}
+	// compare checks that both copies of every key hold the same value and expiry, the
+	// general path's copy having been written after the fast path's, from start.
+	compare := func(round int, phase string, start time.Time) {
+		t.Helper()
+		between := time.Since(start)
+		for _, k := range keys {
+			var vals [2]string
+			var expiry [2]time.Duration
+			for n, copyPrefix := range []string{"a:", "b:"} {
+				v, err := b.rdb.Get(ctx, b.prefix+copyPrefix+k).Result()
+				if err != nil && err != goredis.Nil {
+					t.Fatal(err)
+				}
+				ttl, err := b.rdb.PExpireTime(ctx, b.prefix+copyPrefix+k).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				vals[n], expiry[n] = v, ttl
+			}
+			if vals[0] != vals[1] {
+				t.Fatalf("round %d key %s after %s: fast path stored %x, general path %x", round, k, phase, vals[0], vals[1])
+			}
+			// The same time to live leaves the later copy later by at most the time the
+			// round took, never earlier.
+			if d := expiry[1] - expiry[0]; d < 0 || d > between+time.Millisecond {
+				t.Fatalf("round %d key %s after %s: fast path's expiry %v, general path's %v", round, k, phase, expiry[0], expiry[1])
+			}
+		}
+	}
+	fastShaped, leased, givenBack := 0, 0, 0
 	for round := range 300 {
 		now += rng.Int64N(3_000_000)
 		limits := make([]limit.Limit, len(keys))
@@ -107,40 +157,66 @@ func TestFastPathMatchesGeneral(t *testing.T) {
 			} else {
 				args = mergedArgs("sha", now, calls[n])
 			}
-			args[0], args[1] = "eval", source
-			reply, err := b.rdb.Do(ctx, args...).Text()
-			if err != nil {
-				t.Fatalf("round %d: %v", round, err)
-			}
-			replies[n] = reply
+			replies[n] = eval(round, source, args)
 		}
-		between := time.Since(start)
 		if replies[0] != replies[1] {
 			t.Fatalf("round %d: fast path replied %x\n general path %x", round, replies[0], replies[1])
 		}
-		for _, k := range keys {
-			var vals [2]string
-			var expiry [2]time.Duration
-			for n, copyPrefix := range []string{"a:", "b:"} {
-				v, err := b.rdb.Get(ctx, b.prefix+copyPrefix+k).Result()
-				if err != nil && err != goredis.Nil {
-					t.Fatal(err)
-				}
-				ttl, err := b.rdb.PExpireTime(ctx, b.prefix+copyPrefix+k).Result()
-				if err != nil {
-					t.Fatal(err)
-				}
-				vals[n], expiry[n] = v, ttl
-			}
-			if vals[0] != vals[1] {
-				t.Fatalf("round %d key %s: fast path stored %x, general path %x", round, k, vals[0], vals[1])
-			}
-			// The general path's copy is written after the fast path's: the same time to live
-			// leaves it later by at most the time the round took, never earlier.
-			if d := expiry[1] - expiry[0]; d < 0 || d > between+time.Millisecond {
-				t.Fatalf("round %d key %s: fast path's expiry %v, general path's %v", round, k, expiry[0], expiry[1])
-			}
+		compare(round, "the calls", start)
+
+		// A lease on one of the keys, after those charges: its charge (of the fast path's
+		// shape), then, some time later, its give-back, which reads what the charges before it
+		// and the lease's charge stored, and the instant and reset the charge replied.
+		if rng.IntN(2) == 0 {
+			continue
 		}
+		k := rng.IntN(len(keys))
+		l := limits[k]
+		hits := 1 + rng.Int64N(max(1, min(l.Burst-1, 1000)))
+		r := backend.Request{Limit: l, Cost: 1 + hits}
+		var charge [2]*call
+		for n, source := range []string{scriptSource, generalSource} {
+			charge[n] = &call{}
+			charge[n].add(b.prefix+[]string{"a:", "b:"}[n]+keys[k], &r, now)
+			replies[n] = eval(round, source, decideArgs("sha", now, charge[n]))
+		}
+		if replies[0] != replies[1] {
+			t.Fatalf("round %d: a lease's charge: fast path replied %x\n general path %x", round, replies[0], replies[1])
+		}
+		compare(round, "a lease's charge", start)
+		c := charge[0]
+		if err := decodeDecide(replies[0], c); err != nil {
+			t.Fatal(err)
+		}
+		if !c.charged {
+			continue
+		}
+		leased++
+		g := leftover{lim: l, hits: hits, expires: c.now + int64(15*time.Second/time.Microsecond)}
+		g.heldUntil, _ = (&leases{}).validity(&r, &c.dec[0], c.now)
+		// Given back before time restored any of the lease's hits, part of them, or all (up to
+		// a year on: the round's instant stays where the script's bounds hold).
+		reset := int64(c.dec[0].ResetAfter / time.Microsecond)
+		at := now + rng.Int64N(max(1, min(2*reset, int64(365*24*time.Hour/time.Microsecond))))
+		for n, source := range []string{scriptSource, generalSource} {
+			key := b.prefix + []string{"a:", "b:"}[n] + keys[k]
+			args := giveBackArgs("sha", at, []string{key}, appendGiveBack(nil, &g))
+			replies[n] = eval(round, source, args)
+		}
+		if replies[0] != replies[1] {
+			t.Fatalf("round %d: a give-back: fast path's keys replied %x\n general path's %x", round, replies[0], replies[1])
+		}
+		given, _, err := decodeGiven(replies[0], 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if given[0] > 0 {
+			givenBack++
+		}
+		compare(round, "a give-back", start)
+	}
+	if leased < 50 || givenBack < 10 {
+		t.Fatalf("only %d leases charged, %d given back", leased, givenBack)
 	}
 	if fastShaped < 500 {
 		t.Fatalf("only %d requests of the fast path's shape", fastShaped)

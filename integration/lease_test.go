@@ -156,6 +156,17 @@ func TestLeaseGivenBackThroughRLS(t *testing.T) {
 			t.Fatalf("%s: %d remaining, want %d, or up to %d more restored by time", what, got, want-1, restored)
 		}
 	}
+	// A give-back returns only the lease's hits still ahead of now (decide.lua's giveback): a
+	// key holding just the lease and the few hits before it would have some restored by time
+	// before a slow reload gives them back. A charge of 1000 hits (86s) first keeps every
+	// hit of the test ahead, so that exactly the held hits go back.
+	c := b.client(t)
+	if resp, err := c.ShouldRateLimit(ctxT(t), &rlsv3.RateLimitRequest{Domain: "lease", Descriptors: oneDesc(d("daily", "k")), HitsAddend: 1000}); err != nil {
+		t.Fatal(err)
+	} else if resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+		t.Fatalf("a charge of 1000 hits: %v, want OK", resp.GetOverallCode())
+	}
+	admitted += 1000
 	for round, end := range []string{"reload", "shutdown"} {
 		n, held := holdLease(t, a, "daily", "k", 0)
 		admitted += n

@@ -80,6 +80,10 @@ const (
 	flagAlg       = 16 // + algorithm × flagAlg (limit.Algorithm)
 )
 
+// fastFlags are the flags of the common request, which the script decides on its fast path
+// (see fast in decide.lua): an enforced GCRA charge, without overdraft.
+var fastFlags = requestFlags(&backend.Request{Mode: backend.Enforce, Limit: limit.Limit{Algorithm: limit.GCRA}})
+
 // spanCap is a number of emission intervals more than any burst or cost (both at most 2^32,
 // limit.Validate): a span of more intervals than that (a debt) is not counted exactly.
 const spanCap = 1 << 33
@@ -262,6 +266,7 @@ var records = []record{
 	{"UNDO", undoFields[:]},
 	{"GIVEBACK", giveBackFields[:]},
 	{"GIVEN", givenFields[:]},
+	{"SINGLE", append(chargedFields[:], decisionFields[:]...)}, // a one-key batch's reply: CHARGED, then DECISION
 	{"GCRA_STATE", gcraFields[:]},
 	{"WINDOW_STATE", windowFields[:]},
 	{"LOG_STATE", logFields[:]},
@@ -301,6 +306,7 @@ func luaConstants() string {
 	num("MAX_WINDOW_CHARGE", limit.MaxWindowCharge)
 	num("MAX_WINDOW_COUNT", limit.MaxWindowCount)
 	num("SPAN_CAP", spanCap)
+	num("FAST_FLAGS", fastFlags)
 	str("DOUBLE_FMT", "<d") // a record's first field alone
 	for _, r := range records {
 		fmt.Fprintf(&b, "local %s_FMT, %s_WORDS, %s_BYTES = %q, %d, %d -- %s\n", r.lua, r.lua, r.lua,
@@ -501,8 +507,8 @@ func (c *call) appendUndo(vals []byte, n int, r *backend.Request) ([]byte, bool)
 	v[undoDeltaUS], v[undoDeltaFrac], v[undoFlags], v[undoEntries] = d[0], d[1], requestFlags(r), m
 	if d[2] > 0 {
 		// A change in the state's own terms: undone in them, as under an overdraft limit of
-		// those terms with no burst to speak of (spanCap: more than any), so that nothing caps the
-		// state but MaxTolerance.
+		// those terms with no burst to speak of (spanCap: more than any), so that nothing caps
+		// the state but MaxTolerance.
 		v[undoRate], v[undoPeriod], v[undoBurst] = d[2], d[3], spanCap
 		v[undoFlags] = requestFlags(&backend.Request{Limit: limit.Limit{Overdraft: true, Algorithm: limit.GCRA}})
 	}

@@ -204,53 +204,64 @@ local function debt(L, now, tus, tf, cost)
   return ns, 0, 0, ceil_us(sub(rus, rf, now, 0, rate)), ceil_us(sub(ns.tat, ns.frac, now, 0, rate))
 end
 
--- decide is gcra.go's Decide: the new state (s itself when denied) and the decision.
-local function decide(s, L, now, cost)
-  local rate = L.rate
-  local tus, tf
-  if not s or s.tat < now or (s.tat == now and s.frac == 0) then
-    -- Fresh (as fresh() says, inlined): the key holds no usage, so a full burst remains and any
-    -- cost within it is admitted. The common case, taken without the general arithmetic.
-    if cost <= L.burst then
-      local cus, cf
-      if cost == 1 then
-        cus, cf = L.one_us, L.one_frac
-      else
-        if cost < 0 then
-          cost = 0
-        end
-        cus, cf = interval(cost, L)
-      end
-      return {tat = now + cus, frac = cf, rate = rate, period = L.period}, 1, L.burst - cost, 0, ceil_us(cus, cf)
-    end
-    tus, tf = now, 0
+-- charge_fresh is decide's charge of 0 <= cost <= burst on a key that holds no usage: a full
+-- burst remains and the cost is admitted. The TAT after it, remaining and reset.
+local function charge_fresh(L, now, cost)
+  local cus, cf
+  if cost == 1 then
+    cus, cf = L.one_us, L.one_frac
   else
-    tus, tf = current(s, L, now)
+    cus, cf = interval(cost, L)
   end
+  return now + cus, cf, L.burst - cost, ceil_us(cus, cf)
+end
+
+-- gcra is decide's arithmetic for a charge of cost >= 0 on the current TAT (tus, tf) (never
+-- before now): allowed, remaining, retry and reset, and when allowed the TAT after the charge.
+-- Denials are as without overdraft; decide turns them into a debt under it.
+local function gcra(L, now, tus, tf, cost)
+  local rate = L.rate
   local aus, af = add(now, 0, L.full_us, L.full_frac, rate)
   local hus, hf = sub(aus, af, tus, tf, rate)
   local remaining = count(hus, hf, L)
-  if cost < 0 then
-    cost = 0
-  end
   if cost > L.burst then
-    if L.overdraft and cost > 0 then
-      return debt(L, now, tus, tf, cost)
-    end
     -- Never admitted: retry no sooner than a full burst after the key is back to one.
     local reset = ceil_us(sub(tus, tf, now, 0, rate))
-    return s, 0, remaining, ceil_us(L.full_us, L.full_frac) + reset, reset
+    return 0, remaining, ceil_us(L.full_us, L.full_frac) + reset, reset
   end
   local cus, cf = interval(cost, L)
   local nus, nf = add(tus, tf, cus, cf, rate)
   local wus, wf = sub(nus, nf, L.full_us, L.full_frac, rate)
   if less(now, 0, wus, wf) then
+    return 0, remaining, ceil_us(sub(wus, wf, now, 0, rate)), ceil_us(sub(tus, tf, now, 0, rate))
+  end
+  return 1, remaining - cost, 0, ceil_us(sub(nus, nf, now, 0, rate)), nus, nf
+end
+
+-- decide is gcra.go's Decide: the new state (s itself when denied) and the decision.
+local function decide(s, L, now, cost)
+  if cost < 0 then
+    cost = 0
+  end
+  local tus, tf
+  if not s or s.tat < now or (s.tat == now and s.frac == 0) then
+    -- Fresh (as fresh() says, inlined): the common case, taken without the general arithmetic.
+    if cost <= L.burst then
+      local nus, nf, remaining, reset = charge_fresh(L, now, cost)
+      return {tat = nus, frac = nf, rate = L.rate, period = L.period}, 1, remaining, 0, reset
+    end
+    tus, tf = now, 0
+  else
+    tus, tf = current(s, L, now)
+  end
+  local ok, remaining, retry, reset, nus, nf = gcra(L, now, tus, tf, cost)
+  if ok == 0 then
     if L.overdraft and cost > 0 then
       return debt(L, now, tus, tf, cost)
     end
-    return s, 0, remaining, ceil_us(sub(wus, wf, now, 0, rate)), ceil_us(sub(tus, tf, now, 0, rate))
+    return s, 0, remaining, retry, reset
   end
-  return {tat = nus, frac = nf, rate = rate, period = L.period}, 1, remaining - cost, 0, ceil_us(sub(nus, nf, now, 0, rate))
+  return {tat = nus, frac = nf, rate = L.rate, period = L.period}, 1, remaining, 0, reset
 end
 
 -- own_terms is gcra.go's OwnTerms: a refund under L gives back to s in s's own terms.
@@ -880,31 +891,41 @@ local function giveback()
   return table.concat(reply)
 end
 
--- states holds per key the state after the batches of this call charged so far, stored the
--- state before them: only keys whose state changed are written, once, at the end.
-local states, stored
+-- states holds per key the state after the batches of this call charged so far: a state
+-- (table, or false for none), or the packed GCRA_STATE the fast path wrote, with its expiry in
+-- ttls. stored holds what was read of the key (its state; true or false, whether it existed, when
+-- only the fast path read it), raw the values read but not parsed yet (false: none). Only keys
+-- whose state changed are written, once, at the end.
+local states, stored, raw, ttls
 
 local function state(key)
   local s = states[key]
   if s == nil then
-    s = load(key)
+    local v = raw[key]
+    if v == nil then
+      s = load(key)
+    else
+      s = parse(v)
+    end
     states[key], stored[key] = s, s
+  elseif type(s) == "string" then
+    s = parse(s) -- a state the fast path wrote: stored keeps what was read
+    states[key] = s
   end
   return s
 end
 
--- prefetch reads every key's state with MGET, in chunks that unpack can pass: one command for
+-- prefetch reads every key's value with MGET, in chunks that unpack can pass: one command for
 -- the whole call instead of a GET per key. (MGET reads a key of another type as none; the SET
--- that stores a state would overwrite it anyway.)
+-- that stores a state would overwrite it anyway.) The values are parsed when a key is decided.
 local function prefetch()
   for i = 1, #KEYS_, 1000 do
     local j = math.min(i + 999, #KEYS_)
     local vals = call("MGET", unpack_list(KEYS_, i, j))
     for k = i, j do
       local key = KEYS_[k]
-      if states[key] == nil then
-        local s = parse(vals[k - i + 1])
-        states[key], stored[key] = s, s
+      if raw[key] == nil then
+        raw[key] = vals[k - i + 1]
       end
     end
   end
@@ -964,11 +985,91 @@ local function emit_charged(charge)
   emit(pack(CHARGED_FMT, charged, now))
 end
 
+-- emit_single emits a one-key batch's reply, its CHARGED and DECISION records, as one string.
+local function emit_single(charge, allowed, remaining, retry_us, reset_us)
+  local charged = charge and 1 or 0
+  emit(pack(SINGLE_FMT, charged, now, allowed, remaining, retry_us, reset_us))
+end
+
+-- fast decides, as single does, a one-key batch of the common shape (FAST_FLAGS: an enforced
+-- GCRA charge without overdraft) of cost >= 1 under L, on a key that holds no state or a GCRA
+-- state written under L's rate and period, without tables: the state is read from its packed
+-- value and written packed. It returns false, having done nothing, for any other key, which
+-- single then decides. TestFastPathMatchesGeneral holds it equal to the general path.
+local function fast(key, L, cost, threshold)
+  local v = states[key]
+  if v == nil then
+    v = raw[key]
+    if v == nil then
+      v = call("GET", key)
+      raw[key] = v
+    end
+  end
+  if type(v) == "table" then
+    return false
+  end
+  local tus, tf -- the current TAT; nil when the key holds no usage
+  if v then
+    -- A GCRA state as parse reads it; any other value goes the general way.
+    if #v ~= GCRA_STATE_BYTES or string.byte(v, GCRA_STATE_BYTES) <= 57 then
+      return false
+    end
+    local tat, frac, rate, period = unpack(GCRA_STATE_FMT, v)
+    if tat == ALG_SLIDING_LOG then
+      return false -- parse would take it for a log
+    end
+    if not (tat < now or (tat == now and frac == 0)) then -- not fresh
+      if rate ~= L.rate or period ~= L.period then
+        return false -- another limit's terms
+      end
+      local hus, hf = sub(tat, frac, now, 0, rate)
+      if less(L.most_us, L.most_frac, hus, hf) then
+        hus, hf = L.most_us, L.most_frac
+      end
+      tus, tf = add(now, 0, hus, hf, rate)
+    end
+  end
+  local ok, remaining, retry, reset, nus, nf
+  if not tus and cost <= L.burst then
+    ok, retry = 1, 0
+    nus, nf, remaining, reset = charge_fresh(L, now, cost)
+  else
+    ok, remaining, retry, reset, nus, nf = gcra(L, now, tus or now, tf or 0, cost)
+  end
+  local charge = threshold >= 0 and ok == 1
+  if charge then
+    local tat, frac, rate, period = nus, nf, L.rate, L.period
+    states[key] = pack(GCRA_STATE_FMT, tat, frac, rate, period)
+    if stored[key] == nil then
+      stored[key] = v ~= false
+    end
+    -- The state expires at its reset (not fresh: cost >= 1), as store has it.
+    local ttl = floor((reset + 999) / 1000)
+    if fixed_now then
+      ttl = ttl + 60000
+    end
+    ttls[key] = ttl
+  elseif ok == 1 then
+    -- Allowed in a refused batch: a check of the state the batch found.
+    if tus then
+      local _
+      _, remaining, _, reset = gcra(L, now, tus, tf, 0)
+    else
+      remaining, reset = L.burst, 0
+    end
+  end
+  emit_single(charge, ok, remaining, retry, reset)
+  return true
+end
+
 -- single decides a batch of one key, KEYS_[k0 + 1], as batch does, without its tables: most
 -- batches are one descriptor under one limit.
 local function single(k0, args, threshold)
   local key = KEYS_[k0 + 1]
   local rate, period, burst, cost, flags, wa, wb, wc = unpack(KEY_FMT, args)
+  if flags == FAST_FLAGS and cost >= 1 and fast(key, limit_of(rate, period, burst, false), cost, threshold) then
+    return 1
+  end
   local refunds, mode, od, alg = split(flags)
   local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
   local s = state(key)
@@ -982,8 +1083,7 @@ local function single(k0, args, threshold)
     local _
     _, _, rem, _, reset = apply(s, L, 0, false)
   end
-  emit_charged(charge)
-  emit_decision(ok, rem, retry, reset)
+  emit_single(charge, ok, rem, retry, reset)
   return 1
 end
 
@@ -1100,7 +1200,7 @@ local function run(keys, argv)
   elseif op == OP_GIVEBACK then
     return giveback()
   end
-  states, stored, out, nout = {}, {}, {}, 0
+  states, stored, raw, ttls, out, nout = {}, {}, {}, {}, {}, 0
   if #keys > 1 then
     prefetch() -- a lone key is cheaper with GET
   end
@@ -1118,10 +1218,14 @@ local function run(keys, argv)
   for key, s in pairs(states) do
     -- A key whose requests were all denied still holds its stored state: leave it alone.
     if s ~= stored[key] then
-      store(key, s, stored[key] ~= false, now)
+      if type(s) == "string" then
+        call("PSETEX", key, ttls[key], s)
+      else
+        store(key, s, stored[key] ~= false, now)
+      end
     end
   end
   local reply = table.concat(out)
-  states, stored, out = nil, nil, nil
+  states, stored, raw, ttls, out = nil, nil, nil, nil, nil
   return reply
 end

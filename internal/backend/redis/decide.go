@@ -18,7 +18,7 @@ import (
 // calls), the send (through route.go's groups: one on a single node, one per master on a
 // Cluster), the settle (the replies into decisions, under the batch rule), the undo (of what a
 // refused or failed batch charged), and what the cache learns. The calls' encoding is
-// contract.go's; their pipelines are their nodes' (node.go, send.go).
+// codec.go's (the records of contract.go); their pipelines are their nodes' (node.go, send.go).
 
 // core decides batches in Redis, without leases: the local cache of denials, the plan, the
 // route to the nodes (the single node's, or the topology's), the send, the settle, the undo.

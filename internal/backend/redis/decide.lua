@@ -7,6 +7,11 @@
 -- it into the lines before this file. Read every position, format and bit by those names, and
 -- unpack a record into variables named as contract.go names its fields: TestContract checks both.
 --
+-- One file, over 500 lines, on purpose: Redis runs a script (EVAL) or a library of Functions as
+-- one text with no way to load another, so every operation the script serves (decide, the
+-- fast path, undo, refund, give-back) and the four algorithms live here, in the order a call
+-- runs them.
+--
 -- Time is integer microseconds from Redis TIME, so every replica of rls agrees on it. A TAT is
 -- exact: us + frac/rate microseconds with 0 <= frac < rate. A key stores its state (a
 -- GCRA_STATE, WINDOW_STATE or LOG_STATE record) with an expiry at its reset, when it holds no

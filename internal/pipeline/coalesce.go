@@ -41,7 +41,6 @@ type Coalescer[T any] struct {
 	queue   []*Pending[T]
 	idle    int  // senders waiting on cond
 	leading bool // a caller leads (see Submit)
-	noLead  bool // no caller leads: every call goes to the senders
 	closed  bool
 	wg      sync.WaitGroup // the senders and the leader
 
@@ -62,8 +61,6 @@ type Options struct {
 	// Slow, when set, is called when a pipeline has been in flight for SlowAfter.
 	Slow      func()
 	SlowAfter time.Duration
-	// NoLead: no caller leads, every call goes to the senders.
-	NoLead bool
 }
 
 // MinLead is the least budget a caller leads with: with less, the round trip would likely be
@@ -112,7 +109,7 @@ func (p *Pending[T]) Leads() bool { return p.lead }
 
 // New starts a coalescer that sends through send.
 func New[T any](send Send[T], o Options) *Coalescer[T] {
-	c := &Coalescer[T]{send: send, slow: o.Slow, after: o.SlowAfter, max: o.Max, senders: o.Senders, noLead: o.NoLead}
+	c := &Coalescer[T]{send: send, slow: o.Slow, after: o.SlowAfter, max: o.Max, senders: o.Senders}
 	c.cond.L = &c.mu
 	if c.slow != nil {
 		c.watch = time.AfterFunc(time.Hour, c.slow)
@@ -158,7 +155,7 @@ func (c *Coalescer[T]) Submit(p *Pending[T], deadline time.Time) bool {
 		return false
 	}
 	p.deadline = deadline
-	if !c.noLead && len(c.queue) == 0 && !c.leading && len(p.Calls) > 0 && !p.Multi && time.Until(deadline) >= MinLead {
+	if len(c.queue) == 0 && !c.leading && len(p.Calls) > 0 && !p.Multi && time.Until(deadline) >= MinLead {
 		c.leading = true
 		c.wg.Add(1)
 		c.mu.Unlock()

@@ -139,3 +139,17 @@ func readFile(t *testing.T, path string) []byte {
 	}
 	return data
 }
+
+// TestHelmBoundsTheLocalStore: every example passes --memory-max-bytes, the Redis ones too. With
+// Redis, rules whose failure mode is local decide from a store in rls's memory while Redis is
+// down; unbounded by the chart it would take rls's default of 256 MiB, the whole container limit.
+func TestHelmBoundsTheLocalStore(t *testing.T) {
+	for _, name := range slices.Sorted(maps.Keys(helmExamples)) {
+		t.Run(name, func(t *testing.T) {
+			_, c, _ := podOf(t, rlsDeployment(t, renderExample(t, name)))
+			if !slices.ContainsFunc(c.Args, func(a string) bool { return strings.HasPrefix(a, "--memory-max-bytes=") }) {
+				t.Errorf("no --memory-max-bytes among %q", c.Args)
+			}
+		})
+	}
+}

@@ -196,7 +196,7 @@ func (s *Server) buildGRPC(context.Context) (err error) {
 	}
 	grpcMetrics.InitializeMetrics(s.grpc)
 	gate.serve(s.grpc)
-	s.ready = newReadiness(hs, s.failure, s.log)
+	s.ready = newReadiness(hs, s.failure, s.svc.AnswersWithoutBackend, s.log)
 	// Without rules yet every answer is UNAVAILABLE: not ready. --ready-with-rules asks for
 	// rules even when rls answers without them.
 	s.ready.needRules(s.rules == nil || (c.Rules.ReadyWithRules && c.fromXDS() && c.Rules.StartWithoutRules))

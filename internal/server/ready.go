@@ -19,13 +19,18 @@ import (
 var healthServices = []string{"", rlsv3.RateLimitService_ServiceDesc.ServiceName, "ratelimit"}
 
 // readiness is what /readyz and gRPC health report. While the backend is unavailable rls is
-// ready only if its failure mode still answers (allow, deny or local): with failure mode error
-// every answer would be UNAVAILABLE, and saying so lets load balancers and Envoy's health checks
-// act on it. It follows the backend's health as the backend reports its changes
+// ready only if a failure mode still answers: the default one (--failure-mode) or that of some
+// rule in force (failure_mode allow, deny or local). When every failure mode is error every
+// answer would be UNAVAILABLE, and saying so lets load balancers and Envoy's health checks act
+// on it; when a rule answers, taking the process out of its Service would leave Envoy no rls at
+// all, and that rule's failure mode would never run. It follows the backend's health as the backend reports its changes
 // (backend.Health); a backend without Health is always available.
 type readiness struct {
 	hs      *health.Server
 	failure service.FailureMode
+	// answers says whether some failure mode answers without the backend (see readiness); nil:
+	// whether failure does.
+	answers func() bool
 	log     *slog.Logger
 
 	mu       sync.Mutex
@@ -39,12 +44,12 @@ type readiness struct {
 	degraded func() string
 }
 
-func newReadiness(hs *health.Server, failure service.FailureMode, log *slog.Logger) *readiness {
+func newReadiness(hs *health.Server, failure service.FailureMode, answers func() bool, log *slog.Logger) *readiness {
 	// Until start, nothing is SERVING (the health server reports "" SERVING by default).
 	for _, name := range healthServices {
 		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
 	}
-	return &readiness{hs: hs, failure: failure, log: log, healthy: true}
+	return &readiness{hs: hs, failure: failure, answers: answers, log: log, healthy: true}
 }
 
 // follow makes r follow be's health until cancel is called. It subscribes before reading the
@@ -74,18 +79,28 @@ func (r *readiness) needRules(need bool) {
 	r.waitRules = need
 }
 
-// rulesLoaded records that rules are loaded.
+// rulesLoaded records that rules are loaded: the first ones, or new ones whose failure modes
+// may answer differently without the backend.
 func (r *readiness) rulesLoaded() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if !r.waitRules {
+	first := r.waitRules
+	r.waitRules = false
+	if !r.started {
 		return
 	}
-	r.waitRules = false
-	if r.started {
+	if first {
 		r.log.Info("rules loaded: ready")
-		r.publishLocked()
 	}
+	r.publishLocked()
+}
+
+// failureAnswers says whether some failure mode answers without the backend.
+func (r *readiness) failureAnswers() bool {
+	if r.answers != nil {
+		return r.answers()
+	}
+	return r.failure != service.FailError
 }
 
 // start marks start-up complete.
@@ -128,7 +143,7 @@ func (r *readiness) stop() {
 }
 
 func (r *readiness) readyLocked() bool {
-	return r.started && !r.stopping && !r.waitRules && (r.healthy || r.failure != service.FailError)
+	return r.started && !r.stopping && !r.waitRules && (r.healthy || r.failureAnswers())
 }
 
 func (r *readiness) publishLocked() {
@@ -156,9 +171,9 @@ func (r *readiness) state() (ready bool, why string) {
 	case r.waitRules:
 		return false, "not ready: no rules loaded yet"
 	case !r.readyLocked():
-		return false, "not ready: backend unavailable and failure mode is error"
+		return false, "not ready: backend unavailable and every failure mode is error"
 	case !r.healthy:
-		return true, "ready, degraded: backend unavailable; answering with failure mode " + r.failure.String()
+		return true, "ready, degraded: backend unavailable; answering with the failure modes (default " + r.failure.String() + ")"
 	}
 	if r.degraded != nil {
 		if part := r.degraded(); part != "" {

@@ -275,7 +275,7 @@ func TestReadinessFollowsHealth(t *testing.T) {
 		steps   []step
 	}{
 		{"failure mode error", service.FailError, true, []step{
-			{false, 503, "backend unavailable and failure mode is error", notServing, "backend unavailable; answering with the failure mode"},
+			{false, 503, "backend unavailable and every failure mode is error", notServing, "backend unavailable; answering with the failure mode"},
 			{false, 503, "backend unavailable", notServing, ""},
 			{true, 200, "ready\n", serving, "backend available again"},
 		}},
@@ -293,7 +293,7 @@ func TestReadinessFollowsHealth(t *testing.T) {
 			log := slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))
 			be := newHealthyBackend(t, tc.atStart)
 			hs := health.NewServer()
-			r := newReadiness(hs, tc.failure, log)
+			r := newReadiness(hs, tc.failure, nil, log)
 			cancel := r.follow(be)
 			r.start()
 			if !tc.atStart && !strings.Contains(logs.String(), "backend unavailable at start") {
@@ -329,7 +329,7 @@ func TestReadinessAlwaysHealthyWithoutHealth(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r := newReadiness(health.NewServer(), service.FailError, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r := newReadiness(health.NewServer(), service.FailError, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	defer r.follow(mem)()
 	if code, body := readyz(r); code != 503 || !strings.Contains(body, "starting") {
 		t.Errorf("before start: %d %q", code, body)

@@ -42,6 +42,27 @@ func (s *Service) failureModeOf(r *descriptors.Rule) FailureMode {
 	return s.failure
 }
 
+// AnswersWithoutBackend reports whether some decision still answers while the backend is
+// unavailable: the default failure mode is not error, or some rule in force has failure_mode
+// allow, deny or local. Readiness follows it (rls stays in its Service while a rule answers).
+func (s *Service) AnswersWithoutBackend() bool {
+	if s.failureModeOf(nil) != FailError {
+		return true
+	}
+	rs := s.rules.Load()
+	if rs == nil {
+		return false
+	}
+	for _, d := range rs.Domains {
+		for _, r := range d.Rules {
+			if s.failureModeOf(r) != FailError {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // failurePolicy answers every item of a request whose backend is unavailable, by the item's
 // failure mode: allow admits (without a count to report), deny refuses for one emission
 // interval (at least a second), and local is left undecided for the local backend, which then

@@ -46,16 +46,17 @@ func (s *Service) failureModeOf(r *descriptors.Rule) FailureMode {
 // unavailable: the default failure mode is not error, or some rule in force has failure_mode
 // allow, deny or local. Readiness follows it (rls stays in its Service while a rule answers).
 func (s *Service) AnswersWithoutBackend() bool {
-	if s.failureModeOf(nil) != FailError {
-		return true
-	}
-	rs := s.rules.Load()
+	return s.failureModeOf(nil) != FailError || s.someRuleAnswers.Load()
+}
+
+// ruleAnswers reports whether some rule of rs sets a failure mode other than error.
+func ruleAnswers(rs *descriptors.RuleSet) bool {
 	if rs == nil {
 		return false
 	}
 	for _, d := range rs.Domains {
 		for _, r := range d.Rules {
-			if s.failureModeOf(r) != FailError {
+			if r.FailureMode != descriptors.FailureDefault && r.FailureMode != descriptors.FailureError {
 				return true
 			}
 		}

@@ -91,11 +91,14 @@ const DefaultDetailedMetricValues = 100
 // swapped at any time with SetRules and each request sees one rule set from start to end.
 type Service struct {
 	rlsv3.UnimplementedRateLimitServiceServer
-	rules   atomic.Pointer[descriptors.RuleSet]
-	backend backend.Backend
-	log     *slog.Logger
-	headers HeaderMode
-	failure FailureMode
+	rules atomic.Pointer[descriptors.RuleSet]
+	// someRuleAnswers: a rule of the set in force has failure_mode allow, deny or local
+	// (AnswersWithoutBackend), found once per set rather than per readiness check.
+	someRuleAnswers atomic.Bool
+	backend         backend.Backend
+	log             *slog.Logger
+	headers         HeaderMode
+	failure         FailureMode
 	// localBackend decides when the backend fails and the failure mode is FailLocal.
 	localBackend backend.Backend
 	metrics      *Metrics
@@ -163,6 +166,7 @@ func (s *Service) SetRules(rs *descriptors.RuleSet) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.metrics.reset(rs)
+	s.someRuleAnswers.Store(ruleAnswers(rs))
 	s.rules.Store(rs)
 	now := time.Now()
 	gen := s.generation.Add(1)

@@ -1,0 +1,289 @@
+package regions
+
+import (
+	"math"
+	"slices"
+	"time"
+)
+
+// AgentConfig is how a region's agent talks to the coordinator and publishes to its replicas.
+type AgentConfig struct {
+	Region string
+	Policy Policy
+	// TableLease is how long a replica applies a table after it began fetching it; after that
+	// it fetches again before deciding a global key.
+	TableLease time.Duration
+	// Margin covers the replicas' clocks running slower than the agent's.
+	Margin time.Duration
+}
+
+// Published is the region's table of shares as the agent publishes it to the region's
+// replicas: every key's share, and until when (on the agent's clock) the shares apply; past
+// that, each key's safe share applies.
+type Published struct {
+	Shares     map[string]Share
+	Versions   map[string]uint64
+	ValidUntil int64
+}
+
+// Change is one key's share to publish. A Change whose burst grows needs Charge requests
+// charged to the key in the region's store before it is published: the share in force
+// then has no more tokens than before it (see Agent.Receive).
+type Change struct {
+	Key     string
+	Version uint64
+	Limit   Share
+	From    Share
+	To      Share
+	Charge  int64
+}
+
+// noLease is the lease's end before any reply: a time before any clock's reading (clocks may
+// read below zero), with room below it for arithmetic.
+const noLease = math.MinInt64 / 4
+
+type publication struct {
+	at         int64
+	validUntil int64
+	shares     map[string]Share
+}
+
+type agentKey struct {
+	limit   Share
+	demand  int64
+	applied Share
+	version uint64
+	// sent is the demand last reported (-1: none yet), in report sentSeq; confirmed once the
+	// reply to that report came.
+	sent      int64
+	sentSeq   uint64
+	confirmed bool
+	// owed: the coordinator's last reply carried grants of the key, so it waits for an ack.
+	owed bool
+	// waits are the versions published and not yet acknowledgeable: (version, when).
+	waits []wait
+	acked uint64
+}
+
+type wait struct {
+	version uint64
+	at      int64
+}
+
+// Agent is a region's side of the protocol: it reports the region's demand, takes the
+// coordinator's grants, and says which versions its replicas apply. It is a state machine: the
+// caller feeds it the time (its own clock, nanoseconds), sends its reports, applies its
+// changes to the region's store and replicas, and tells it when they are published. It is not
+// safe for concurrent use.
+type Agent struct {
+	cfg      AgentConfig
+	seq      uint64
+	sent     map[uint64]int64 // report seq → when sent
+	leaseEnd int64
+	replied  uint64 // the highest report seq replied to
+	keys     map[string]*agentKey
+	pubs     []publication // recent publications, oldest first
+	// leaving: the agent applies no grant any more; leftAt is when its zero table has been
+	// published long enough that no replica applies a share (0: not yet).
+	leaving bool
+	leftAt  int64
+}
+
+// NewAgent returns an agent that continues from the table last published (nil: nothing), with
+// reports numbered from seqBase+1. seqBase must be above every seq an earlier agent of the
+// region used (the region's store hands out bases).
+func NewAgent(cfg AgentConfig, last *Published, seqBase uint64) *Agent {
+	a := &Agent{cfg: cfg, seq: seqBase, sent: map[uint64]int64{}, keys: map[string]*agentKey{}, leaseEnd: noLease}
+	if last != nil {
+		shares := map[string]Share{}
+		for k, s := range last.Shares {
+			a.keys[k] = &agentKey{applied: s, version: last.Versions[k], sent: -1}
+			shares[k] = s
+		}
+		// The replicas may apply that table, or its safe shares: its end, on the store's
+		// clock, is not known on this one, so it counts as ended (the safe shares count too).
+		a.pubs = []publication{{at: -1 << 62, validUntil: -1 << 62, shares: shares}}
+	}
+	return a
+}
+
+// Observe sets key's demand (requests per period over the last Δ) and its limit as the rules
+// say.
+func (a *Agent) Observe(key string, limit Share, demand int64) {
+	k := a.keys[key]
+	if k == nil {
+		k = &agentKey{sent: -1}
+		a.keys[key] = k
+	}
+	k.limit, k.demand = limit, demand
+}
+
+// Report returns the report to send at now: every key whose demand changed by more than a
+// sixteenth, started or stopped, or whose acknowledgement moved.
+func (a *Agent) Report(now int64) Report {
+	a.seq++
+	a.sent[a.seq] = now
+	for s, at := range a.sent {
+		if now-at > int64(a.cfg.TableLease)*4+int64(time.Hour) {
+			delete(a.sent, s)
+		}
+	}
+	r := Report{Region: a.cfg.Region, Seq: a.seq, Policy: a.cfg.Policy}
+	for _, key := range sortedKeys(a.keys) {
+		k := a.keys[key]
+		acked := k.acked
+		for len(k.waits) > 0 && k.waits[0].at <= now {
+			acked = k.waits[0].version
+			k.waits = k.waits[1:]
+		}
+		changed := k.sent < 0 || (k.demand == 0) != (k.sent == 0) || abs(k.demand-k.sent)*16 > k.sent ||
+			(!k.confirmed && a.replied > k.sentSeq)
+		if !changed && !k.owed && acked == k.acked {
+			continue
+		}
+		d := int64(-1)
+		if changed {
+			d, k.sent, k.sentSeq, k.confirmed = k.demand, k.demand, a.seq, false
+		}
+		k.acked = acked
+		r.Keys = append(r.Keys, KeyReport{Key: key, Limit: k.limit, Demand: d, Acked: acked})
+	}
+	return r
+}
+
+// LeaseEnd is when the region's lease ends, on the agent's clock.
+func (a *Agent) LeaseEnd() int64 { return a.leaseEnd }
+
+// Receive takes a reply at now and returns the changes to publish, in key order. The lease it
+// carries starts at the report's sending: earlier than the coordinator's receipt of it.
+func (a *Agent) Receive(now int64, r Reply) []Change {
+	sent, ok := a.sent[r.Seq]
+	if !ok || a.leaving {
+		return nil // a reply to a report of an earlier run, or forgotten: take nothing of it
+	}
+	var out []Change
+	if r.Seq > a.replied {
+		// The newest reply says which keys the coordinator waits on: only those.
+		a.replied = r.Seq
+		for key, k := range a.keys {
+			k.owed = slices.ContainsFunc(r.Grants, func(g Grant) bool { return g.Key == key })
+			if k.sentSeq == r.Seq {
+				k.confirmed = true
+			}
+		}
+	}
+	latest := map[string]Grant{}
+	for _, g := range r.Grants {
+		if k := a.keys[g.Key]; k != nil && g.Version <= k.version {
+			continue
+		}
+		if g.Version > latest[g.Key].Version {
+			latest[g.Key] = g
+		}
+	}
+	for _, key := range sortedKeys(latest) {
+		g := latest[key]
+		k := a.keys[key]
+		if k == nil {
+			k = &agentKey{sent: -1, owed: true}
+			a.keys[key] = k
+		}
+		c := Change{Key: key, Version: g.Version, Limit: k.limit, From: k.applied, To: g.Share}
+		if ref := a.least(key, now); g.Share.Burst > ref {
+			c.Charge = g.Share.Burst - ref
+		}
+		k.applied, k.version = g.Share, g.Version
+		out = append(out, c)
+	}
+	a.leaseEnd = max(a.leaseEnd, sent+int64(r.Lease))
+	return out
+}
+
+// least is the smallest burst of key a replica of the region may be applying at now: of the
+// tables published within a table lease (and the one before them), each key's share, or its
+// safe share once that table has ended.
+func (a *Agent) least(key string, now int64) int64 {
+	ref := int64(-1)
+	from := now - int64(a.cfg.TableLease+a.cfg.Margin)
+	for i := len(a.pubs) - 1; i >= 0; i-- {
+		p := a.pubs[i]
+		s := p.shares[key]
+		if p.validUntil <= now {
+			lim := a.limitOf(key)
+			s = s.min(a.cfg.Policy.share(s, lim))
+		}
+		if ref < 0 || s.Burst < ref {
+			ref = s.Burst
+		}
+		if p.at < from {
+			break
+		}
+	}
+	return max(ref, 0)
+}
+
+func (a *Agent) limitOf(key string) Share {
+	if k := a.keys[key]; k != nil {
+		return k.limit
+	}
+	return Share{}
+}
+
+// Table returns the table to publish: every key's applied share, valid until the lease's end
+// less the margin (the replicas' clocks may run slower than the agent's), so that every
+// replica has stopped applying it by the lease's end. The publisher must express ValidUntil
+// on the store's clock without moving it later (see the store's clock sync).
+func (a *Agent) Table() Published {
+	p := Published{Shares: map[string]Share{}, Versions: map[string]uint64{},
+		ValidUntil: a.leaseEnd - int64(a.cfg.Margin)}
+	for key, k := range a.keys {
+		if k.version > 0 {
+			p.Shares[key], p.Versions[key] = k.applied, k.version
+		}
+	}
+	return p
+}
+
+// Published records that table p was published at now (the write confirmed): the versions it
+// carries can be acknowledged once every replica has fetched it.
+func (a *Agent) Published(now int64, p Published) {
+	a.pubs = append(a.pubs, publication{at: now, validUntil: p.ValidUntil, shares: p.Shares})
+	from := now - int64(a.cfg.TableLease+a.cfg.Margin)
+	i := 0
+	for i+1 < len(a.pubs) && a.pubs[i+1].at < from {
+		i++
+	}
+	a.pubs = slices.Delete(a.pubs, 0, i)
+	at := now + int64(a.cfg.TableLease+a.cfg.Margin)
+	if a.leaving && a.leftAt == 0 {
+		a.leftAt = at
+	}
+	for key, v := range p.Versions {
+		k := a.keys[key]
+		if k == nil || v <= k.acked {
+			continue
+		}
+		if n := len(k.waits); n == 0 || k.waits[n-1].version < v {
+			k.waits = append(k.waits, wait{version: v, at: at})
+		}
+	}
+}
+
+// Leave makes every share of the region zero and the agent take no grant any more: publish
+// Table, then send LeaveReport once it says so.
+func (a *Agent) Leave() {
+	a.leaving = true
+	for _, k := range a.keys {
+		k.applied = Share{}
+	}
+}
+
+// LeaveReport returns the report that says the region has left, once no replica of it applies
+// a share any more; until then, ok is false.
+func (a *Agent) LeaveReport(now int64) (r Report, ok bool) {
+	if !a.leaving || a.leftAt == 0 || now < a.leftAt {
+		return Report{}, false
+	}
+	a.seq++
+	return Report{Region: a.cfg.Region, Seq: a.seq, Policy: a.cfg.Policy, Leave: true}, true
+}

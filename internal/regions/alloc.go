@@ -1,0 +1,115 @@
+package regions
+
+import (
+	"math/bits"
+	"slices"
+)
+
+// maxMinFair divides capacity among demands, max-min fair: a demand no larger than an equal
+// share of what is left is met whole, the remaining demands split the rest equally, and what
+// no demand asks for is spread evenly over all. The result is in the order of demands and sums
+// to capacity when there is at least one demand; indivisible units go to the lowest indexes.
+// Demands and capacity must be ≥ 0.
+func maxMinFair(capacity int64, demands []int64) []int64 {
+	out := make([]int64, len(demands))
+	if len(demands) == 0 || capacity <= 0 {
+		return out
+	}
+	order := make([]int, len(demands))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		switch {
+		case demands[a] < demands[b]:
+			return -1
+		case demands[a] > demands[b]:
+			return 1
+		}
+		return 0
+	})
+	left := capacity
+	k := 0
+	for ; k < len(order); k++ {
+		n := int64(len(order) - k)
+		if demands[order[k]] > left/n {
+			break
+		}
+		out[order[k]] = demands[order[k]]
+		left -= demands[order[k]]
+	}
+	rest := order[k:]
+	if len(rest) == 0 {
+		rest = order
+	}
+	rest = slices.Clone(rest)
+	slices.Sort(rest)
+	n := int64(len(rest))
+	each, extra := left/n, left%n
+	for j, i := range rest {
+		out[i] += each
+		if int64(j) < extra {
+			out[i]++
+		}
+	}
+	return out
+}
+
+// targets divides avail among demands: the rates max-min fair, each burst in proportion to its
+// rate (rounded down, at least one request for any rate above zero while the burst lasts,
+// highest rates first). The sum of the results is within avail.
+func targets(avail Share, demands []int64) []Share {
+	rates := maxMinFair(avail.Rate, demands)
+	out := make([]Share, len(demands))
+	if avail.Rate <= 0 || avail.Burst <= 0 {
+		return out
+	}
+	left := avail.Burst
+	for i, r := range rates {
+		b := mulDiv(avail.Burst, r, avail.Rate)
+		out[i] = Share{r, b}
+		left -= b
+	}
+	// Rates that rounded to no burst get one request each, from what rounding left, the
+	// highest rates first; any left after that goes the same way.
+	order := make([]int, len(rates))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int {
+		switch {
+		case rates[a] > rates[b]:
+			return -1
+		case rates[a] < rates[b]:
+			return 1
+		}
+		return 0
+	})
+	for _, i := range order {
+		if left > 0 && out[i].Rate > 0 && out[i].Burst == 0 {
+			out[i].Burst++
+			left--
+		}
+	}
+	for _, i := range order {
+		if left > 0 && out[i].Rate > 0 {
+			out[i].Burst++
+			left--
+		}
+	}
+	for i := range out {
+		out[i] = out[i].normal()
+	}
+	return out
+}
+
+// mulDiv is a·b/c rounded down, for 0 ≤ a, b ≤ c (so the result fits) and c > 0; a·b may
+// need 128 bits (limits go up to 2^32 requests each).
+func mulDiv(a, b, c int64) int64 {
+	if c <= 0 || a <= 0 || b <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	q, _ := bits.Div64(hi, lo, uint64(c))
+	return int64(q)
+}

@@ -1,0 +1,341 @@
+package regions
+
+import (
+	"slices"
+	"time"
+)
+
+// CoordinatorConfig is how the coordinator grants shares.
+type CoordinatorConfig struct {
+	// Lease is how long a region may apply its shares after the report a reply answers.
+	Lease time.Duration
+	// Margin is added to a lease on the coordinator's side before a region's shares are given
+	// to others: it covers the regions' clocks running faster than the coordinator's (a region
+	// measures its lease on its own clock). Offsets between clocks do not matter.
+	Margin time.Duration
+}
+
+// State is everything the coordinator knows; it is kept in the coordination store so that
+// another process can take over where one left off. Times are the coordinator's clock, in
+// nanoseconds.
+type State struct {
+	Regions map[string]*RegionState `json:"regions"`
+	Keys    map[string]*KeyState    `json:"keys"`
+	// Version is the last version granted, of any key: versions only grow, also across keys
+	// forgotten and granted again.
+	Version uint64 `json:"version"`
+}
+
+// RegionState is what the coordinator knows of one region.
+type RegionState struct {
+	Policy Policy `json:"policy"`
+	// LeaseEnd is when the region's lease ends: the receipt of its last report plus the lease.
+	LeaseEnd int64  `json:"lease_end"`
+	LastSeq  uint64 `json:"seq"`
+	// Lapsed: the lease ended (plus the margin) and the region's shares were cut to its safe
+	// share; it is back when it reports again.
+	Lapsed bool `json:"lapsed,omitempty"`
+	// Left: the region said it applies no share any more.
+	Left bool `json:"left,omitempty"`
+	// Answer is the last report not answered yet (0: none).
+	Answer uint64 `json:"answer,omitempty"`
+}
+
+// KeyState is one global key's shares, by region.
+type KeyState struct {
+	Regions map[string]*Held `json:"regions"`
+}
+
+// Held is what one region holds of one key, as the coordinator counts it.
+type Held struct {
+	Limit  Share `json:"l"`
+	Demand int64 `json:"d"`
+	// Acked is the last version the region applies alone, AckedShare that version's share.
+	Acked      uint64 `json:"a"`
+	AckedShare Share  `json:"as"`
+	// Issued are the grants sent after Acked, oldest first: the region may apply any of them.
+	Issued []Grant `json:"i,omitempty"`
+}
+
+// held is the most h's region may apply: the largest of every share it may be using.
+func (h *Held) held() Share {
+	s := h.AckedShare
+	for _, g := range h.Issued {
+		s = s.max(g.Share)
+	}
+	return s
+}
+
+// latest is the share last granted.
+func (h *Held) latest() Share {
+	if n := len(h.Issued); n > 0 {
+		return h.Issued[n-1].Share
+	}
+	return h.AckedShare
+}
+
+func (h *Held) issue(st *State, key string, s Share) Grant {
+	st.Version++
+	g := Grant{Key: key, Version: st.Version, Share: s}
+	h.Issued = append(h.Issued, g)
+	return g
+}
+
+func (h *Held) ack(v uint64) {
+	if v <= h.Acked {
+		return
+	}
+	i := slices.IndexFunc(h.Issued, func(g Grant) bool { return g.Version == v })
+	if i < 0 {
+		return // not a version this state issued (cut since, by a lapse): ignore
+	}
+	h.Acked, h.AckedShare = v, h.Issued[i].Share
+	h.Issued = slices.Delete(h.Issued, 0, i+1)
+}
+
+// Coordinator divides each global key's limit among the regions that use it, by their demand,
+// so that the shares the regions may apply never sum to more than the limit: a share that
+// shrinks is counted at its old size until the region acknowledges the cut or its lease ends,
+// and only then is the difference granted to others. It is a state machine: the caller feeds it
+// reports and the time, and sends the replies it returns. It is not safe for concurrent use.
+type Coordinator struct {
+	cfg CoordinatorConfig
+	st  State
+}
+
+// NewCoordinator returns a coordinator that continues from st (nil: from nothing).
+func NewCoordinator(cfg CoordinatorConfig, st *State) *Coordinator {
+	c := &Coordinator{cfg: cfg}
+	if st != nil {
+		c.st = *st
+	}
+	if c.st.Regions == nil {
+		c.st.Regions = map[string]*RegionState{}
+	}
+	if c.st.Keys == nil {
+		c.st.Keys = map[string]*KeyState{}
+	}
+	return c
+}
+
+// State returns the coordinator's state, to be stored (it is c's own: do not modify it).
+func (c *Coordinator) State() *State { return &c.st }
+
+// Receive takes a region's report, received at now.
+func (c *Coordinator) Receive(now int64, r Report) {
+	rs := c.st.Regions[r.Region]
+	if rs == nil {
+		rs = &RegionState{}
+		c.st.Regions[r.Region] = rs
+	}
+	fresh := r.Seq > rs.LastSeq || rs.Left || rs.Lapsed
+	rs.LeaseEnd = max(rs.LeaseEnd, now+int64(c.cfg.Lease))
+	rs.Lapsed = false
+	rs.Policy = r.Policy
+	rs.Answer = max(rs.Answer, r.Seq)
+	if r.Seq > rs.LastSeq {
+		rs.LastSeq = r.Seq
+	}
+	if r.Leave {
+		if r.Seq < rs.LastSeq {
+			return // an earlier agent's, overtaken by a later agent's reports
+		}
+		rs.Left, rs.Answer = true, 0
+		for key, ks := range c.st.Keys {
+			if h := ks.Regions[r.Region]; h != nil {
+				delete(ks.Regions, r.Region)
+				c.forgetIfIdle(key, ks)
+			}
+		}
+		return
+	}
+	rs.Left = false
+	for _, kr := range r.Keys {
+		ks := c.st.Keys[kr.Key]
+		if ks == nil {
+			ks = &KeyState{Regions: map[string]*Held{}}
+			c.st.Keys[kr.Key] = ks
+		}
+		h := ks.Regions[r.Region]
+		if h == nil {
+			h = &Held{}
+			ks.Regions[r.Region] = h
+		}
+		h.ack(kr.Acked)
+		if fresh {
+			h.Limit = kr.Limit
+			if kr.Demand >= 0 {
+				h.Demand = kr.Demand
+			}
+		}
+	}
+}
+
+// Step reallocates every key at now and returns the replies to send, one per region that
+// reported since the last Step.
+func (c *Coordinator) Step(now int64) []Reply {
+	for _, name := range sortedKeys(c.st.Regions) {
+		rs := c.st.Regions[name]
+		if !rs.Lapsed && !rs.Left && now > rs.LeaseEnd+int64(c.cfg.Margin) {
+			c.lapse(name, rs)
+		}
+	}
+	for _, key := range sortedKeys(c.st.Keys) {
+		c.reallocate(key, c.st.Keys[key])
+	}
+	var out []Reply
+	for _, name := range sortedKeys(c.st.Regions) {
+		rs := c.st.Regions[name]
+		if rs.Answer == 0 {
+			continue
+		}
+		rep := Reply{Region: name, Seq: rs.Answer, Lease: c.cfg.Lease}
+		for _, key := range sortedKeys(c.st.Keys) {
+			if h := c.st.Keys[key].Regions[name]; h != nil {
+				rep.Grants = append(rep.Grants, h.Issued...)
+			}
+		}
+		rs.Answer = 0
+		out = append(out, rep)
+	}
+	return out
+}
+
+// lapse cuts every share of a region whose lease has ended to its safe share. The region uses
+// no more than that already (it falls to it at its lease's end, which is earlier), and every
+// reply it gets from now on carries the cut, so it can never apply more again without
+// applying the cut first: the cut counts as acknowledged.
+func (c *Coordinator) lapse(name string, rs *RegionState) {
+	rs.Lapsed = true
+	for _, key := range sortedKeys(c.st.Keys) {
+		h := c.st.Keys[key].Regions[name]
+		if h == nil {
+			continue
+		}
+		safe := rs.Policy.share(h.held(), h.Limit)
+		if h.held() == safe && len(h.Issued) == 0 {
+			continue
+		}
+		h.Issued = nil
+		g := h.issue(&c.st, key, safe)
+		h.AckedShare = g.Share
+	}
+}
+
+// reallocate moves key's shares toward max-min fair ones: cuts are granted at once, growth only
+// within what the others hold (their cuts count until acknowledged).
+func (c *Coordinator) reallocate(key string, ks *KeyState) {
+	names := sortedKeys(ks.Regions)
+	var lim Share
+	var active []string
+	var fixed, total Share
+	for i, name := range names {
+		h, rs := ks.Regions[name], c.st.Regions[name]
+		if i == 0 {
+			lim = h.Limit
+		}
+		lim = lim.min(h.Limit)
+		total = total.add(h.held())
+		if rs.Lapsed {
+			fixed = fixed.add(h.held())
+			continue
+		}
+		active = append(active, name)
+	}
+	if len(active) == 0 {
+		return
+	}
+	avail := lim.sub(fixed).max(Share{})
+	demands := make([]int64, len(active))
+	var positive []int
+	for i, name := range active {
+		demands[i] = ks.Regions[name].Demand
+		if demands[i] > 0 {
+			positive = append(positive, i)
+		}
+	}
+	want := make([]Share, len(active))
+	if len(positive) > 0 {
+		d := make([]int64, len(positive))
+		for j, i := range positive {
+			d[j] = demands[i]
+		}
+		for j, s := range targets(avail, d) {
+			want[positive[j]] = s
+		}
+	}
+	step := max(lim.Rate/64, 1)
+	bstep := max(lim.Burst/64, 1)
+	differs := func(a, b Share) bool {
+		if a == b {
+			return false
+		}
+		if a.Rate == 0 || b.Rate == 0 {
+			return true
+		}
+		return abs(a.Rate-b.Rate) >= step || abs(a.Burst-b.Burst) >= bstep
+	}
+	// Cuts first: they free nothing until acknowledged, but start at once.
+	for i, name := range active {
+		h := ks.Regions[name]
+		cur := h.latest()
+		if cut := cur.min(want[i]).normal(); cut != cur && differs(cut, cur) {
+			h.issue(&c.st, key, cut)
+		}
+	}
+	for i, name := range active {
+		h := ks.Regions[name]
+		cur := h.latest()
+		room := lim.sub(total).add(h.held())
+		grow := cur.max(want[i].min(room)).normal()
+		if !grow.within(room) {
+			continue
+		}
+		if grow != cur && differs(grow, cur) {
+			before := h.held()
+			h.issue(&c.st, key, grow)
+			total = total.sub(before).add(h.held())
+		}
+	}
+	c.forgetIfIdle(key, ks)
+}
+
+// forgetIfIdle drops a key that no region holds or asks for.
+func (c *Coordinator) forgetIfIdle(key string, ks *KeyState) {
+	for _, h := range ks.Regions {
+		if h.Demand > 0 || h.held() != (Share{}) || len(h.Issued) > 0 {
+			return
+		}
+	}
+	delete(c.st.Keys, key)
+}
+
+// Counted returns the shares the coordinator counts for key at now, by region: what each
+// region may be applying. Their sum is within the smallest limit reported for the key.
+func (c *Coordinator) Counted(key string) map[string]Share {
+	ks := c.st.Keys[key]
+	if ks == nil {
+		return nil
+	}
+	out := make(map[string]Share, len(ks.Regions))
+	for name, h := range ks.Regions {
+		out[name] = h.held()
+	}
+	return out
+}
+
+func abs(v int64) int64 {
+	if v < 0 {
+		return -v
+	}
+	return v
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	return keys
+}

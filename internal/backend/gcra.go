@@ -121,7 +121,8 @@ var maxSpan = tick{us: int64(limit.MaxTolerance / time.Microsecond)}
 // a changed limit applies at once. State computed under another rate or period keeps the number
 // of requests it holds (rounded up), re-expressed in l's emission interval, up to a full burst
 // (a debt is forgiven when the rate or period changes); state under the same rate and period
-// is capped at a full burst of l, or under overdraft at MaxTolerance (its debt is kept).
+// is capped at a full burst of l, or under overdraft at MaxTolerance (its debt is kept). A
+// Shared limit keeps every request held, debt included, whatever changed.
 func current(s State, l limit.Limit, now int64) tick {
 	nowT := tick{us: now}
 	if s.Fresh(now) {
@@ -144,13 +145,18 @@ func current(s State, l limit.Limit, now int64) tick {
 				n++
 			}
 		}
-		if n > l.Burst {
+		switch {
+		case l.Shared:
+			// Every request held is kept, up to what MaxTolerance holds (so that the span
+			// below fits).
+			n = min(n, countCapped(maxSpan, l, 1<<33))
+		case n > l.Burst:
 			n = l.Burst
 		}
 		held = interval(n, l)
 	}
 	most := interval(l.Burst, l)
-	if l.Overdraft {
+	if l.Overdraft || l.Shared {
 		most = maxSpan
 	}
 	if most.less(held) {

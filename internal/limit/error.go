@@ -13,9 +13,10 @@ const (
 	OverdraftField
 	AlgorithmField
 	WindowField
+	SharedField
 )
 
-var fieldNames = [...]string{"", "rate", "period", "burst", "overdraft", "algorithm", "window"}
+var fieldNames = [...]string{"", "rate", "period", "burst", "overdraft", "algorithm", "window", "global"}
 
 func (f Field) String() string {
 	if int(f) < len(fieldNames) {

@@ -22,6 +22,10 @@ type Limit struct {
 	// refund is denied until the sustained rate has repaid it. For costs known only after the
 	// fact (tokens of a response). See backend.Decide.
 	Overdraft bool
+	// Shared marks one region's share of a limit enforced across regions (package regions):
+	// when the share changes, the key keeps every request it holds, a debt included, instead
+	// of being capped at the new burst; nothing else differs. GCRA only, never with Overdraft.
+	Shared bool
 	// Algorithm decides how requests are counted (default GCRA). Under the window algorithms
 	// Burst must equal Rate: Rate requests per window.
 	Algorithm Algorithm
@@ -35,6 +39,12 @@ var ErrInvalid = errors.New("invalid limit")
 // Validate reports whether l can be decided. Its refusals are *Error, naming the field at
 // fault: the rule files' loader and the service point their users at what they wrote from it.
 func (l Limit) Validate() error {
+	switch {
+	case l.Shared && l.Algorithm != GCRA:
+		return &Error{Field: SharedField, Reason: fmt.Sprintf("applies to algorithm gcra only, not %v: only GCRA's state can move between regions' shares exactly", l.Algorithm)}
+	case l.Shared && l.Overdraft:
+		return &Error{Field: SharedField, Reason: "does not apply with overdraft: a charge past a region's share would take what other regions hold"}
+	}
 	if l.Algorithm != GCRA {
 		return l.validateWindow()
 	}

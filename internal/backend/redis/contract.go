@@ -74,6 +74,8 @@ const (
 	modeSpan      = 4  // modes are below modeSpan
 	flagOverdraft = 8  // the limit's Overdraft
 	flagAlg       = 16 // + algorithm × flagAlg (limit.Algorithm)
+	algSpan       = 4  // algorithms are below algSpan
+	flagShared    = flagAlg * algSpan // the limit's Shared
 )
 
 // fastFlags are the flags of the common request, which the script decides on its fast path
@@ -92,6 +94,9 @@ func requestFlags(r *backend.Request) int64 {
 	}
 	if r.Limit.Overdraft {
 		flags += flagOverdraft
+	}
+	if r.Limit.Shared {
+		flags += flagShared
 	}
 	return flags + flagAlg*int64(r.Limit.Algorithm)
 }
@@ -292,6 +297,8 @@ func luaConstants() string {
 	num("MODE_SPAN", modeSpan)
 	num("FLAG_OVERDRAFT", flagOverdraft)
 	num("FLAG_ALG", flagAlg)
+	num("ALG_SPAN", algSpan)
+	num("FLAG_SHARED", flagShared)
 	num("MODE_ENFORCE", int64(backend.Enforce))
 	num("MODE_QUOTA", int64(backend.Quota))
 	num("ALG_GCRA", int64(limit.GCRA))

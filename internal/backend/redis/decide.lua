@@ -97,14 +97,15 @@ end
 -- full_us, full_frac, one_us, one_frac, overdraft, most_us, most_frac, where period =
 -- pq*rate + pr, so that one emission interval is (pq, pr), a full burst is (full_us,
 -- full_frac), the cost of one request (one_us, one_frac) and the most a state may hold
--- (most_us, most_frac): a full burst, or under overdraft MAX_TOLERANCE.
-local function limit(rate, period, burst, overdraft)
+-- (most_us, most_frac): a full burst, or under overdraft (or shared: gcra.go's Limit.Shared)
+-- MAX_TOLERANCE.
+local function limit(rate, period, burst, overdraft, shared)
   local pq, pr = divmod(period, rate)
   local L = {rate = rate, period = period, burst = burst, pq = pq, pr = pr, full_us = 0, full_frac = 0,
-    one_us = 0, one_frac = 0, overdraft = overdraft, most_us = 0, most_frac = 0}
+    one_us = 0, one_frac = 0, overdraft = overdraft, shared = shared, most_us = 0, most_frac = 0}
   L.full_us, L.full_frac = interval(burst, L)
   L.one_us, L.one_frac = interval(1, L)
-  if overdraft then
+  if overdraft or shared then
     L.most_us = MAX_TOLERANCE
   else
     L.most_us, L.most_frac = L.full_us, L.full_frac
@@ -166,16 +167,21 @@ local function current(s, L, now)
     local dus, df = sub(s.tat, s.frac, now, 0, orate)
     local n
     if dus * orate / operiod > SPAN_CAP then
-      n = L.burst -- more than SPAN_CAP intervals (a debt): more than any burst
+      n = SPAN_CAP -- more than SPAN_CAP intervals (a debt): more than any burst
     else
-      local O = limit(orate, operiod, 1, false)
+      local O = limit(orate, operiod, 1, false, false)
       n = count(dus, df, O)
       local ius, ifr = interval(n, O)
       if less(ius, ifr, dus, df) then
         n = n + 1
       end
     end
-    if n > L.burst then
+    if L.shared then
+      -- Every request held is kept, up to what MAX_TOLERANCE holds (so the span fits).
+      if MAX_TOLERANCE * rate / L.period <= SPAN_CAP then
+        n = math.min(n, count(MAX_TOLERANCE, 0, L))
+      end
+    elseif n > L.burst then
       n = L.burst
     end
     hus, hf = interval(n, L)
@@ -778,26 +784,28 @@ end
 -- across the calls of a library. One value, replaced whole: a call stopped part way (FUNCTION
 -- KILL) cannot leave it describing one limit with another's values.
 local last_limit
-local function limit_of(rate, period, burst, overdraft)
+local function limit_of(rate, period, burst, overdraft, shared)
   local L = last_limit
-  if not L or L.rate ~= rate or L.period ~= period or L.burst ~= burst or L.overdraft ~= overdraft then
-    L = limit(rate, period, burst, overdraft)
+  if not L or L.rate ~= rate or L.period ~= period or L.burst ~= burst or L.overdraft ~= overdraft or
+      L.shared ~= shared then
+    L = limit(rate, period, burst, overdraft, shared)
     last_limit = L
   end
   return L
 end
 
 -- split splits a request's flags (contract.go's requestFlags): refund, mode, overdraft,
--- algorithm.
+-- algorithm, shared.
 local function split(flags)
   return floor(flags / FLAG_REFUND) % 2 == 1, floor(flags / FLAG_MODE) % MODE_SPAN,
-    floor(flags / FLAG_OVERDRAFT) % 2 == 1, floor(flags / FLAG_ALG)
+    floor(flags / FLAG_OVERDRAFT) % 2 == 1, floor(flags / FLAG_ALG) % ALG_SPAN,
+    floor(flags / FLAG_SHARED) % 2 == 1
 end
 
 -- request_limit is the limit a request's values describe: GCRA's L, or a window's W.
-local function request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
+local function request_limit(rate, period, burst, od, alg, wa, wb, wc, now, shared)
   if alg == ALG_GCRA then
-    return limit_of(rate, period, burst, od)
+    return limit_of(rate, period, burst, od, shared)
   end
   return window(rate, period, burst, alg, od, wa, wb, wc, now)
 end
@@ -817,7 +825,7 @@ local function undo()
       instant, hits, pos = unpack(ENTRY_FMT, args, pos)
       removed[2 * j - 1], removed[2 * j] = instant, hits
     end
-    local _, _, od, alg = split(flags)
+    local _, _, od, alg, shared = split(flags)
     local s = load(KEYS_[i])
     if alg ~= ALG_GCRA then
       local ns = wundo(s, alg, rate, period, delta_us, delta_frac, removed)
@@ -825,7 +833,7 @@ local function undo()
         store(KEYS_[i], ns, s ~= false, now)
       end
     else
-      local L = limit_of(rate, period, burst, od)
+      local L = limit_of(rate, period, burst, od, shared)
       local tus, tf = current(s, L, now)
       tus, tf = sub(tus, tf, delta_us, delta_frac, rate)
       if less(tus, tf, now, 0) then
@@ -1072,11 +1080,11 @@ end
 local function single(k0, args, threshold)
   local key = KEYS_[k0 + 1]
   local rate, period, burst, cost, flags, wa, wb, wc = unpack(KEY_FMT, args)
-  if flags == FAST_FLAGS and cost >= 1 and fast(key, limit_of(rate, period, burst, false), cost, threshold) then
+  if flags == FAST_FLAGS and cost >= 1 and fast(key, limit_of(rate, period, burst, false, false), cost, threshold) then
     return 1
   end
-  local refunds, mode, od, alg = split(flags)
-  local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
+  local refunds, mode, od, alg, shared = split(flags)
+  local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now, shared)
   local s = state(key)
   local ns, ok, rem, retry, reset = apply(s, L, cost, refunds)
   local denied = ok == 0 and refuses(L, cost, refunds)
@@ -1106,8 +1114,8 @@ local function batch(k0, args, threshold, multi)
     local key = KEYS_[k0 + i]
     local rate, period, burst, cost, flags, wa, wb, wc
     rate, period, burst, cost, flags, wa, wb, wc, pos = unpack(KEY_FMT, args, pos)
-    local refunds, mode, od, alg = split(flags)
-    local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now)
+    local refunds, mode, od, alg, shared = split(flags)
+    local L = request_limit(rate, period, burst, od, alg, wa, wb, wc, now, shared)
     lim[i] = L
     local s = cur[key]
     if s == nil then

@@ -134,7 +134,7 @@ func newLeases(next *core, mono func() int64, lifetime time.Duration) *leases {
 
 // eligible reports whether r may take hits from a lease.
 func eligible(r *backend.Request) bool {
-	return r.Mode == backend.Enforce && r.Cost > 0 && !r.Refund && !r.Limit.Overdraft && r.Limit.Rate > 0 &&
+	return r.Mode == backend.Enforce && r.Cost > 0 && !r.Refund && !r.Limit.Overdraft && !r.Limit.Shared && r.Limit.Rate > 0 &&
 		(r.Limit.Algorithm == limit.GCRA || r.Limit.Algorithm == limit.FixedWindow) && len(r.Key) <= maxLeaseKeyBytes
 }
 

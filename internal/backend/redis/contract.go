@@ -69,12 +69,12 @@ const (
 // Flags (keyFlags, undoFlags): one layout for every operation. Refund and mode matter to a
 // decision only; an undo reads the overdraft and the algorithm of the same request's flags.
 const (
-	flagRefund    = 1  // give the cost back
-	flagMode      = 2  // + mode × flagMode (backend.Mode: Enforce, Shadow, Quota)
-	modeSpan      = 4  // modes are below modeSpan
-	flagOverdraft = 8  // the limit's Overdraft
-	flagAlg       = 16 // + algorithm × flagAlg (limit.Algorithm)
-	algSpan       = 4  // algorithms are below algSpan
+	flagRefund    = 1                 // give the cost back
+	flagMode      = 2                 // + mode × flagMode (backend.Mode: Enforce, Shadow, Quota)
+	modeSpan      = 4                 // modes are below modeSpan
+	flagOverdraft = 8                 // the limit's Overdraft
+	flagAlg       = 16                // + algorithm × flagAlg (limit.Algorithm)
+	algSpan       = 4                 // algorithms are below algSpan
 	flagShared    = flagAlg * algSpan // the limit's Shared
 )
 

@@ -105,6 +105,11 @@ type RateLimit struct {
 	// makes a request's other limits charge: a request that an ordinary limit denies is charged
 	// nowhere.
 	Overdraft bool `yaml:"overdraft"`
+	// Global is an rls extension for deployments in several regions (rls --region): true makes
+	// the limit one limit across every region, each region enforcing its share of it from its
+	// own Redis; false keeps it per region. Unset, the limit is global when its domain is one of
+	// --global-domains. Global applies to algorithm gcra without overdraft.
+	Global *bool `yaml:"global"`
 	// Algorithm is an rls extension: how requests are counted. "gcra" (the default: a rate with
 	// a burst), "fixed_window" (a count per window aligned to the clock, as envoyproxy/ratelimit
 	// counts, with calendar months and years), "sliding_window" (the current and the previous

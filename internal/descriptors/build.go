@@ -35,6 +35,8 @@ type builder struct {
 	itemFile map[*yaml.Node]string
 	// overdraft is Options.Overdraft.
 	overdraft bool
+	// globalDomains is Options.GlobalDomains.
+	globalDomains []string
 }
 
 func (b *builder) errorf(line int, format string, args ...any) {

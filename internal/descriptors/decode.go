@@ -288,6 +288,9 @@ func (b *builder) limit(n *yaml.Node) rawLimit {
 			l.multi = v
 		case "overdraft":
 			l.Overdraft = b.boolean(v, "overdraft")
+		case "global":
+			g := b.boolean(v, "global")
+			l.Global = &g
 		case "algorithm":
 			l.Algorithm = b.str(v, "algorithm")
 		case "timezone":

@@ -2,6 +2,7 @@ package descriptors
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -90,6 +91,15 @@ func (b *builder) limitOf(rl rawLimit, where string) (Limit, bool) {
 	}
 	lim.Spec.Overdraft = rl.Overdraft || (b.overdraft && alg.Overdraws())
 	lim.Spec.Algorithm = alg
+	if rl.Global != nil && *rl.Global && lim.Spec.Overdraft {
+		b.errorf(lineOf(ln, "global"), "%s: global does not apply with overdraft: a charge past a region's share would take what the other regions hold", where)
+		return Limit{}, false
+	}
+	if rl.Global != nil {
+		lim.Spec.Shared = *rl.Global
+	} else if slices.Contains(b.globalDomains, b.domain) {
+		lim.Spec.Shared = alg == limit.GCRA && !lim.Spec.Overdraft
+	}
 	lim.Timezone = rl.Timezone
 	// Validate decides. A timezone is handed to it as written (a calendar window of the unit in
 	// that zone, whatever the algorithm), and only a valid one is then aligned as it is decided.
@@ -130,6 +140,7 @@ func (b *builder) invalid(ln *yaml.Node, where string, unit limit.Unit, mult uin
 	key := map[limit.Field]string{
 		limit.RateField: "requests_per_unit", limit.PeriodField: "unit_multiplier", limit.BurstField: "burst",
 		limit.OverdraftField: "overdraft", limit.AlgorithmField: "algorithm", limit.WindowField: "timezone",
+		limit.SharedField: "global",
 	}[e.Field]
 	switch {
 	case e.Field == limit.PeriodField:

@@ -28,6 +28,10 @@ type Options struct {
 	// said overdraft: true: hits reported past the limit are charged (into debt), as
 	// envoyproxy/ratelimit counts every hit. Rules that come over xDS have no overdraft field.
 	Overdraft bool
+	// GlobalDomains makes the limits of these domains global across regions (Limit.Spec.Shared)
+	// unless a limit says global: false. Only limits that can be global become so (algorithm
+	// gcra, no overdraft); the others stay per region.
+	GlobalDomains []string
 }
 
 // Load loads a rule file, or every *.yaml and *.yml file of a directory (not recursing, skipping
@@ -124,7 +128,8 @@ func ParseWith(files map[string][]byte, opts Options) (*RuleSet, error) {
 		names = append(names, name)
 	}
 	slices.Sort(names)
-	b := &builder{rs: &RuleSet{domains: map[string]*level{}, Files: names}, domainFile: map[string]string{}, overdraft: opts.Overdraft}
+	b := &builder{rs: &RuleSet{domains: map[string]*level{}, Files: names}, domainFile: map[string]string{}, overdraft: opts.Overdraft,
+		globalDomains: opts.GlobalDomains}
 	if opts.MergeDomains {
 		b.merged = map[string]*mergedDomain{}
 	}

@@ -126,3 +126,79 @@ descriptors:
 		t.Fatalf("plain: got %+v, want no overdraft", p)
 	}
 }
+
+// TestGlobal: a limit is global across regions when it says global: true, or when its domain is
+// one of Options.GlobalDomains and it neither says global: false nor cannot be global (a window
+// algorithm, overdraft); global: true on a limit that cannot be global is refused at its line.
+func TestGlobal(t *testing.T) {
+	files := map[string][]byte{"a.yaml": []byte(`domain: shop
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 10, global: true}
+  - key: ip
+    rate_limit: {unit: second, requests_per_unit: 10}
+`), "b.yaml": []byte(`domain: api
+descriptors:
+  - key: user
+    rate_limit: {unit: second, requests_per_unit: 10}
+  - key: local
+    rate_limit: {unit: second, requests_per_unit: 10, global: false}
+  - key: window
+    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: fixed_window}
+  - key: tokens
+    rate_limit: {unit: minute, requests_per_unit: 10, overdraft: true}
+`)}
+	shared := func(rs *RuleSet, domain, key string) bool {
+		r := rs.Match(domain, []Entry{{Key: key, Value: "x"}})
+		if r == nil {
+			t.Fatalf("%s %s: no rule", domain, key)
+		}
+		return r.Limits[0].Spec.Shared
+	}
+	for _, tc := range []struct {
+		domains []string
+		want    map[string]bool
+	}{
+		{nil, map[string]bool{"shop/user": true, "shop/ip": false, "api/user": false, "api/local": false, "api/window": false, "api/tokens": false}},
+		{[]string{"api"}, map[string]bool{"shop/user": true, "shop/ip": false, "api/user": true, "api/local": false, "api/window": false, "api/tokens": false}},
+	} {
+		rs, err := ParseWith(files, Options{GlobalDomains: tc.domains})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for dk, want := range tc.want {
+			domain, key, _ := strings.Cut(dk, "/")
+			if got := shared(rs, domain, key); got != want {
+				t.Errorf("global domains %v: %s: global %v, want %v", tc.domains, dk, got, want)
+			}
+		}
+	}
+	_, err := Parse(map[string][]byte{"c.yaml": []byte(`domain: c
+descriptors:
+  - key: k
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+      algorithm: sliding_window
+      global: true
+`)})
+	if err == nil || !strings.Contains(err.Error(), "c.yaml:8:") || !strings.Contains(err.Error(), "global") ||
+		!strings.Contains(err.Error(), "gcra only") {
+		t.Errorf("global on sliding_window: %v, want an error at c.yaml:8 naming global", err)
+	}
+}
+
+func TestGlobalOverdraftRefused(t *testing.T) {
+	_, err := Parse(map[string][]byte{"d.yaml": []byte(`domain: d
+descriptors:
+  - key: k
+    rate_limit:
+      unit: minute
+      requests_per_unit: 10
+      overdraft: true
+      global: true
+`)})
+	if err == nil || !strings.Contains(err.Error(), "d.yaml:8:") || !strings.Contains(err.Error(), "global does not apply with overdraft") {
+		t.Errorf("global with overdraft: %v, want an error at d.yaml:8", err)
+	}
+}

@@ -24,7 +24,9 @@ type Limit struct {
 	Overdraft bool
 	// Shared marks one region's share of a limit enforced across regions (package regions):
 	// when the share changes, the key keeps every request it holds, a debt included, instead
-	// of being capped at the new burst; nothing else differs. GCRA only, never with Overdraft.
+	// of being capped at the new burst; nothing else differs. GCRA only. (Rules never make a
+	// shared limit with overdraft: a charge past a region's share would take what the other
+	// regions hold. The regions' own charges that move a share's tokens are such charges.)
 	Shared bool
 	// Algorithm decides how requests are counted (default GCRA). Under the window algorithms
 	// Burst must equal Rate: Rate requests per window.
@@ -39,11 +41,8 @@ var ErrInvalid = errors.New("invalid limit")
 // Validate reports whether l can be decided. Its refusals are *Error, naming the field at
 // fault: the rule files' loader and the service point their users at what they wrote from it.
 func (l Limit) Validate() error {
-	switch {
-	case l.Shared && l.Algorithm != GCRA:
+	if l.Shared && l.Algorithm != GCRA {
 		return &Error{Field: SharedField, Reason: fmt.Sprintf("applies to algorithm gcra only, not %v: only GCRA's state can move between regions' shares exactly", l.Algorithm)}
-	case l.Shared && l.Overdraft:
-		return &Error{Field: SharedField, Reason: "does not apply with overdraft: a charge past a region's share would take what other regions hold"}
 	}
 	if l.Algorithm != GCRA {
 		return l.validateWindow()

@@ -133,7 +133,6 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"sliding log above its bound", perMinute(SlidingLog, MaxLogRate+1), RateField},
 		{"tolerance too long", Limit{Rate: 1, Period: 365 * 24 * time.Hour, Burst: 1000}, NoField},
 		{"global on a window", Limit{Rate: 10, Burst: 10, Period: time.Minute, Algorithm: FixedWindow, Shared: true}, SharedField},
-		{"global with overdraft", Limit{Rate: 10, Burst: 10, Period: time.Minute, Overdraft: true, Shared: true}, SharedField},
 	} {
 		var e *Error
 		if err := tc.l.Validate(); !errors.As(err, &e) || e.Field != tc.want || !errors.Is(err, ErrInvalid) {

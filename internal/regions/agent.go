@@ -80,7 +80,7 @@ type Agent struct {
 	seq      uint64
 	sent     map[uint64]int64 // report seq → when sent
 	leaseEnd int64
-	replied  uint64 // the highest report seq replied to
+	gen      uint64 // the newest reply taken (Reply.Gen)
 	keys     map[string]*agentKey
 	pubs     []publication // recent publications, oldest first
 	// leaving: the agent applies no grant any more; leftAt is when its zero table has been
@@ -131,13 +131,17 @@ func (a *Agent) Report(now int64) Report {
 	r := Report{Region: a.cfg.Region, Seq: a.seq, Policy: a.cfg.Policy}
 	for _, key := range sortedKeys(a.keys) {
 		k := a.keys[key]
+		if k.demand == 0 && k.sent == 0 && k.confirmed && !k.owed && k.applied == (Share{}) && len(k.waits) == 0 {
+			delete(a.keys, key) // nothing asked, nothing held, nothing owed: forgotten
+			continue
+		}
 		acked := k.acked
 		for len(k.waits) > 0 && k.waits[0].at <= now {
 			acked = k.waits[0].version
 			k.waits = k.waits[1:]
 		}
 		changed := k.sent < 0 || (k.demand == 0) != (k.sent == 0) || abs(k.demand-k.sent)*16 > k.sent ||
-			(!k.confirmed && a.replied > k.sentSeq)
+			(!k.confirmed && a.seq > k.sentSeq+3)
 		if !changed && !k.owed && acked == k.acked {
 			continue
 		}
@@ -158,18 +162,18 @@ func (a *Agent) LeaseEnd() int64 { return a.leaseEnd }
 // carries starts at the report's sending: earlier than the coordinator's receipt of it.
 func (a *Agent) Receive(now int64, r Reply) []Change {
 	sent, ok := a.sent[r.Seq]
-	if !ok || a.leaving {
-		return nil // a reply to a report of an earlier run, or forgotten: take nothing of it
+	if !ok || a.leaving || r.Gen <= a.gen {
+		// A reply to a report of an earlier run (or forgotten), or older than one taken:
+		// take nothing of it.
+		return nil
 	}
+	a.gen = r.Gen
 	var out []Change
-	if r.Seq > a.replied {
-		// The newest reply says which keys the coordinator waits on: only those.
-		a.replied = r.Seq
-		for key, k := range a.keys {
-			k.owed = slices.ContainsFunc(r.Grants, func(g Grant) bool { return g.Key == key })
-			if k.sentSeq == r.Seq {
-				k.confirmed = true
-			}
+	// The reply says which keys the coordinator waits on: only those.
+	for key, k := range a.keys {
+		k.owed = slices.ContainsFunc(r.Grants, func(g Grant) bool { return g.Key == key })
+		if k.sentSeq == r.Seq {
+			k.confirmed = true
 		}
 	}
 	latest := map[string]Grant{}

@@ -24,6 +24,8 @@ type State struct {
 	// Version is the last version granted, of any key: versions only grow, also across keys
 	// forgotten and granted again.
 	Version uint64 `json:"version"`
+	// Gen is the last reply's number (Reply.Gen).
+	Gen uint64 `json:"gen"`
 }
 
 // RegionState is what the coordinator knows of one region.
@@ -101,11 +103,13 @@ func (h *Held) ack(v uint64) {
 type Coordinator struct {
 	cfg CoordinatorConfig
 	st  State
+	// dirty are the keys changed since TakeDirty, to be written to the store.
+	dirty map[string]bool
 }
 
 // NewCoordinator returns a coordinator that continues from st (nil: from nothing).
 func NewCoordinator(cfg CoordinatorConfig, st *State) *Coordinator {
-	c := &Coordinator{cfg: cfg}
+	c := &Coordinator{cfg: cfg, dirty: map[string]bool{}}
 	if st != nil {
 		c.st = *st
 	}
@@ -144,6 +148,7 @@ func (c *Coordinator) Receive(now int64, r Report) {
 		for key, ks := range c.st.Keys {
 			if h := ks.Regions[r.Region]; h != nil {
 				delete(ks.Regions, r.Region)
+				c.dirty[key] = true
 				c.forgetIfIdle(key, ks)
 			}
 		}
@@ -151,6 +156,7 @@ func (c *Coordinator) Receive(now int64, r Report) {
 	}
 	rs.Left = false
 	for _, kr := range r.Keys {
+		c.dirty[kr.Key] = true
 		ks := c.st.Keys[kr.Key]
 		if ks == nil {
 			ks = &KeyState{Regions: map[string]*Held{}}
@@ -189,7 +195,8 @@ func (c *Coordinator) Step(now int64) []Reply {
 		if rs.Answer == 0 {
 			continue
 		}
-		rep := Reply{Region: name, Seq: rs.Answer, Lease: c.cfg.Lease}
+		c.st.Gen++
+		rep := Reply{Region: name, Seq: rs.Answer, Gen: c.st.Gen, Lease: c.cfg.Lease}
 		for _, key := range sortedKeys(c.st.Keys) {
 			if h := c.st.Keys[key].Regions[name]; h != nil {
 				rep.Grants = append(rep.Grants, h.Issued...)
@@ -219,6 +226,7 @@ func (c *Coordinator) lapse(name string, rs *RegionState) {
 		h.Issued = nil
 		g := h.issue(&c.st, key, safe)
 		h.AckedShare = g.Share
+		c.dirty[key] = true
 	}
 }
 
@@ -281,6 +289,7 @@ func (c *Coordinator) reallocate(key string, ks *KeyState) {
 		cur := h.latest()
 		if cut := cur.min(want[i]).normal(); cut != cur && differs(cut, cur) {
 			h.issue(&c.st, key, cut)
+			c.dirty[key] = true
 		}
 	}
 	for i, name := range active {
@@ -295,6 +304,7 @@ func (c *Coordinator) reallocate(key string, ks *KeyState) {
 			before := h.held()
 			h.issue(&c.st, key, grow)
 			total = total.sub(before).add(h.held())
+			c.dirty[key] = true
 		}
 	}
 	c.forgetIfIdle(key, ks)
@@ -308,6 +318,18 @@ func (c *Coordinator) forgetIfIdle(key string, ks *KeyState) {
 		}
 	}
 	delete(c.st.Keys, key)
+	c.dirty[key] = true
+}
+
+// TakeDirty returns the keys changed since the last call, each with its state (nil: the key is
+// forgotten), to be written to the store; the state returned is c's own.
+func (c *Coordinator) TakeDirty() map[string]*KeyState {
+	out := make(map[string]*KeyState, len(c.dirty))
+	for key := range c.dirty {
+		out[key] = c.st.Keys[key]
+	}
+	clear(c.dirty)
+	return out
 }
 
 // Counted returns the shares the coordinator counts for key at now, by region: what each

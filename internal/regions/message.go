@@ -36,6 +36,9 @@ type KeyReport struct {
 type Reply struct {
 	Region string `json:"region"`
 	Seq    uint64 `json:"seq"`
+	// Gen numbers the coordinator's replies, across coordinators: a region takes only a reply
+	// newer than every reply it took, so a reply that arrives late never undoes a later one.
+	Gen uint64 `json:"gen"`
 	// Lease is how long after sending report Seq the region may apply its shares (measured on
 	// its own clock). The coordinator counts them for Lease plus a margin after it received the
 	// report, which is later.

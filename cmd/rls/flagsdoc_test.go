@@ -57,6 +57,8 @@ func flagPage(name string) string {
 		return "rlqs.md"
 	case strings.HasPrefix(name, "redis-"):
 		return "redis.md"
+	case name == "region", strings.HasPrefix(name, "global-"):
+		return "multi-region.md"
 	case strings.HasPrefix(name, "grpc-tls-"), name == "caller-policy", name == "admin-token-file":
 		return "security.md"
 	case strings.HasPrefix(name, "config"), name == "merge-domains", name == "shadow-mode", name == "quota-mode",

@@ -91,6 +91,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, ratelimitEnv *bool) {
 	rlqsFlags(fs, &c.RLQS)
 	boundsFlags(fs, &c.Bounds)
 	policyFlags(fs, &c.CallerPolicy)
+	regionsFlags(fs, &c.Regions)
 }
 
 // readRatelimitEnv applies envoyproxy/ratelimit's environment, when env holds it, to the flags

@@ -100,6 +100,9 @@ func (s *Server) connectBackends(ctx context.Context) (err error) {
 		return err
 	}
 	registerBackendMetrics(s.reg, s.be)
+	if s.regions, err = startRegions(s.cfg, s.be, s.log); err != nil {
+		return err
+	}
 	// The local fallback exists whatever the default, since any rule may ask for it.
 	s.local, err = backend.NewMemory(s.cfg.memoryOptions())
 	return err

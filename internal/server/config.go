@@ -8,6 +8,7 @@ import (
 	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/ratelimitenv"
+	"github.com/rls-project/rls/internal/regions"
 	"github.com/rls-project/rls/internal/reload"
 	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
@@ -30,6 +31,7 @@ type Config struct {
 	Redis    RedisConfig
 	RLQS     RLQSConfig
 	XDS      XDSConfig
+	Regions  RegionsConfig
 
 	Backend              string // --backend: memory or redis
 	Memory               MemoryConfig
@@ -169,6 +171,10 @@ func DefaultConfig() Config {
 			MaxProxies: rlqs.DefaultMaxProxiesPerBucket, ReportBudget: rlqs.DefaultReportBudget,
 		},
 		XDS: XDSConfig{NodeID: "default", BackoffInitial: xds.DefaultBackoffInitial, BackoffMax: xds.DefaultBackoffMax},
+		Regions: RegionsConfig{
+			Safe: regions.SafeZero.String(), Interval: regions.DefaultInterval, Lease: regions.DefaultLease,
+			TableLease: regions.DefaultTableLease, Margin: regions.DefaultMargin,
+		},
 
 		Backend:              "memory",
 		Memory:               MemoryConfig{MaxBytes: backend.DefaultMemoryMaxBytes},
@@ -188,7 +194,7 @@ func (c Config) fromXDS() bool { return c.XDS.Server != "" }
 // rulesOptions are the loader's options, for files and xDS alike.
 func (c Config) rulesOptions() descriptors.Options {
 	return descriptors.Options{AllFiles: c.Rules.AllFiles, DotFiles: c.Rules.DotFiles, MergeDomains: c.Rules.MergeDomains,
-		Overdraft: c.Rules.Overdraft}
+		Overdraft: c.Rules.Overdraft, GlobalDomains: c.Regions.domains()}
 }
 
 // memoryOptions are the memory backend's options, for the backend and for failure mode local.

@@ -45,7 +45,7 @@ func startRLQS(g *grpc.Server, c Config, svc *service.Service, reg prometheus.Re
 	}
 	var store rlqs.Store
 	if c.Backend == "redis" {
-		rdb, err := rlqsRedisClient(c.Redis)
+		rdb, err := redisClient(c.Redis.URL, c.Redis, "--redis-url")
 		if err != nil {
 			return nil, err
 		}
@@ -82,14 +82,14 @@ func mountRLQS(mux *http.ServeMux, s *rlqs.Server) {
 	mux.Handle("GET /debug/rlqs/explain", s.ExplainHandler())
 }
 
-// rlqsRedisClient connects to the Redis of --redis-url for the shares, with the backend's TLS
-// flags and the dial settings of every client of the backend (redisbackend.NewClient): replies
-// bounded, one dial per attempt. Commands are not retried: a transaction whose reply was lost
-// is decided again anyway.
-func rlqsRedisClient(rc RedisConfig) (goredis.UniversalClient, error) {
-	t, err := redisbackend.ParseURL(rc.URL)
+// redisClient connects to the Redis of url (given by flag) for a user other than the decisions
+// (RLQS's shares, the regions' coordination), with the backend's TLS flags and the dial settings
+// of every client of the backend (redisbackend.NewClient): replies bounded, one dial per
+// attempt. Commands are not retried: their users decide again when a reply is lost.
+func redisClient(url string, rc RedisConfig, flag string) (goredis.UniversalClient, error) {
+	t, err := redisbackend.ParseURL(url)
 	if err != nil {
-		return nil, fmt.Errorf("--redis-url: %w", err)
+		return nil, fmt.Errorf("%s: %w", flag, err)
 	}
 	if rc.TLSCert != "" || rc.TLSKey != "" || rc.TLSCA != "" || rc.TLSSkipVerify {
 		if t.TLSConfig, err = clientTLS("--redis-tls-*", rc.TLSCert, rc.TLSKey, rc.TLSCA, "", rc.TLSSkipVerify); err != nil {

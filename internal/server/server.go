@@ -19,6 +19,7 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/logthrottle"
+	"github.com/rls-project/rls/internal/regions"
 	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
 	"github.com/rls-project/rls/internal/xds"
@@ -37,7 +38,8 @@ type Server struct {
 	be      backend.Backend
 	local   backend.Backend
 	svc     *service.Service
-	rlqs    *rlqs.Server // nil with --rlqs=false
+	rlqs    *rlqs.Server  // nil with --rlqs=false
+	regions *regions.Node // nil without --region
 	warn    *logthrottle.Throttle
 	reg     *prometheus.Registry // every metric of this server
 	callers *callerPolicy        // nil without --caller-policy
@@ -191,6 +193,9 @@ func (s *Server) close() {
 		if l != nil {
 			l.Close() // already closed when served; open when New failed after binding
 		}
+	}
+	if s.regions != nil {
+		s.regions.Close()
 	}
 	if s.be != nil {
 		closeWithin(s.log, "backend", backendCloseTimeout, s.be.Close)

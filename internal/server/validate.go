@@ -32,6 +32,7 @@ func (c Config) Validate() error {
 		c.RLQS.validate(),
 		c.validateRedis(),
 		c.XDS.validate(),
+		c.validateRegions(),
 		validateTracing(envMap(c.Env)),
 	)
 }

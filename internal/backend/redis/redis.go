@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime"
 	"runtime/metrics"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,7 @@ import (
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/logthrottle"
 )
 
@@ -91,7 +93,8 @@ type Backend struct {
 	single *node        // single node and Sentinel
 	topo   *clusterTopo // Cluster
 
-	leases *leases // the layer over the core that Decide calls when leases are on; nil when off
+	leases *leases                   // the layer over the core that Decide calls when leases are on; nil when off
+	shares atomic.Pointer[ShareFunc] // the region's shares of global limits (SetShares)
 
 	target    Target
 	probeTO   time.Duration
@@ -127,10 +130,52 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 	if len(out) < len(reqs) {
 		return false, fmt.Errorf("redis backend: %d decisions for %d requests", len(out), len(reqs))
 	}
+	if f := b.shares.Load(); f != nil {
+		var err error
+		if reqs, err = applyShares(ctx, *f, reqs); err != nil {
+			return false, err
+		}
+	}
 	if b.leases != nil {
 		return b.leases.Decide(ctx, reqs, out[:len(reqs)])
 	}
 	return b.core.Decide(ctx, reqs, out[:len(reqs)])
+}
+
+// ShareFunc returns the limit to decide key by under l, a Shared limit: this region's share of
+// it (package regions). cost is the request's, counted as demand.
+type ShareFunc func(ctx context.Context, key string, l limit.Limit, cost int64) (limit.Limit, error)
+
+// SetShares makes every request of a Shared limit decided under f's share of it. Requests that
+// also have Overdraft are the regions' own charges and carry their share already.
+func (b *Backend) SetShares(f ShareFunc) { b.shares.Store(&f) }
+
+// applyShares returns reqs with each Shared limit replaced by f's share of it: a copy when any
+// is, reqs itself otherwise.
+func applyShares(ctx context.Context, f ShareFunc, reqs []backend.Request) ([]backend.Request, error) {
+	var out []backend.Request
+	for i := range reqs {
+		r := &reqs[i]
+		if !r.Limit.Shared || r.Limit.Overdraft {
+			continue
+		}
+		if out == nil {
+			out = slices.Clone(reqs)
+		}
+		cost := r.Cost
+		if r.Refund {
+			cost = 0
+		}
+		l, err := f(ctx, r.Key, r.Limit, cost)
+		if err != nil {
+			return nil, err
+		}
+		out[i].Limit = l
+	}
+	if out == nil {
+		return reqs, nil
+	}
+	return out, nil
 }
 
 // clock is the backend's monotonic clock.

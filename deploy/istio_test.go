@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	httprlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/ratelimit/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	yamlv3 "go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/protoadapt"
@@ -538,5 +541,28 @@ func TestMeshRules(t *testing.T) {
 	}
 	if !rs.HasDomain("mesh") {
 		t.Error(`no domain "mesh"`)
+	}
+}
+
+// TestIstioDocShowsMeshRules: docs/istio.md shows rules/mesh.yaml with a second service added;
+// its first part must stay the file's rules.
+func TestIstioDocShowsMeshRules(t *testing.T) {
+	doc, err := os.ReadFile("../docs/istio.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	blocks := regexp.MustCompile("(?s)```yaml\n(domain: mesh\n.*?)```").FindAllSubmatch(doc, -1)
+	if len(blocks) != 1 {
+		t.Fatalf("docs/istio.md shows %d rule files of domain mesh, want 1", len(blocks))
+	}
+	dec := yamlv3.NewDecoder(bytes.NewReader(blocks[0][1]))
+	dec.KnownFields(true)
+	var shown api.RuleFile
+	if err := dec.Decode(&shown); err != nil {
+		t.Fatal(err)
+	}
+	file := ruleFilesOf(t, kindMesh)["mesh"]
+	if len(shown.Descriptors) <= len(file.Descriptors) || !reflect.DeepEqual(shown.Descriptors[:len(file.Descriptors)], file.Descriptors) {
+		t.Error("docs/istio.md's rules of domain mesh do not begin with rules/mesh.yaml's")
 	}
 }

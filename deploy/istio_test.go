@@ -2,14 +2,18 @@ package deploy_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"reflect"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -27,7 +31,14 @@ import (
 	istionetv1alpha3 "istio.io/client-go/pkg/apis/networking/v1alpha3"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apiextensions-apiserver/pkg/apis/apiextensions"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	structuralschema "k8s.io/apiextensions-apiserver/pkg/apiserver/schema"
+	"k8s.io/apiextensions-apiserver/pkg/apiserver/schema/cel"
+	"k8s.io/apiextensions-apiserver/pkg/apiserver/validation"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utiljson "k8s.io/apimachinery/pkg/util/json"
+	celconfig "k8s.io/apiserver/pkg/apis/cel"
 	"sigs.k8s.io/yaml"
 
 	"github.com/rls-project/rls/api"
@@ -92,6 +103,9 @@ func decodeIstio(data []byte) (metav1.Object, error) {
 	}
 	if !proto.Equal(spec, strict) {
 		return nil, errors.New("spec: Istio's own decoding differs from the strict one")
+	}
+	if err := validateCRD(tm.APIVersion+"/"+tm.Kind, data); err != nil {
+		return nil, fmt.Errorf("the CRD refuses it: %w", err)
 	}
 	return obj, nil
 }
@@ -260,6 +274,8 @@ func TestIstioCheckRejects(t *testing.T) {
 		{"misplaced spec field", "    match:\n      context: GATEWAY", "    match:\n      contxt: GATEWAY", "unknown field"},
 		{"unknown operation", "operation: INSERT_BEFORE", "operation: INSERT_BEFOR", "INSERT_BEFOR"},
 		{"no workload selector", "  workloadSelector:\n    labels:\n      istio: ingressgateway\n", "", "workloadSelector"},
+		{"a CEL rule of the CRD", "  workloadSelector:\n", "  targetRefs:\n  - kind: Gateway\n    group: gateway.networking.k8s.io\n    name: edge\n  workloadSelector:\n", "only one of targetRefs or workloadSelector"},
+		{"a label too long for the CRD's schema", "      istio: ingressgateway\n", "      istio: " + strings.Repeat("g", 64) + "\n", "spec.workloadSelector.labels"},
 		{"inserted after the router", "operation: INSERT_BEFORE", "operation: INSERT_AFTER", "INSERT_AFTER"},
 		{"misspelt Envoy field", "failure_mode_deny: false", "failure_mode_denied: false", "unknown field"},
 		{"unregistered typed_config", "ratelimit.v3.RateLimit\n", "ratelimit.v3.RateLimt\n", "RateLimt"},
@@ -565,4 +581,72 @@ func TestIstioDocShowsMeshRules(t *testing.T) {
 	if len(shown.Descriptors) <= len(file.Descriptors) || !reflect.DeepEqual(shown.Descriptors[:len(file.Descriptors)], file.Descriptors) {
 		t.Error("docs/istio.md's rules of domain mesh do not begin with rules/mesh.yaml's")
 	}
+}
+
+// istioSchema validates an object as the API server would with Istio's CustomResourceDefinition
+// for its kind, as istio.io/api ships it: the OpenAPI schema, then the CEL rules.
+type istioSchema struct {
+	validator  validation.SchemaValidator
+	structural *structuralschema.Structural
+}
+
+// istioSchemas are the served versions of Istio's CRDs, by apiVersion/kind.
+var istioSchemas = sync.OnceValues(func() (map[string]istioSchema, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/api").Output()
+	if err != nil {
+		return nil, fmt.Errorf("go list istio.io/api: %w", err)
+	}
+	data, err := os.ReadFile(filepath.Join(strings.TrimSpace(string(out)), "kubernetes", "customresourcedefinitions.gen.yaml"))
+	if err != nil {
+		return nil, err
+	}
+	schemas := map[string]istioSchema{}
+	for _, doc := range regexp.MustCompile(`(?m)^---[ \t]*$`).Split(string(data), -1) {
+		var crd apiextensionsv1.CustomResourceDefinition
+		if err := yaml.Unmarshal([]byte(doc), &crd); err != nil {
+			return nil, err
+		}
+		for _, v := range crd.Spec.Versions {
+			if !v.Served || v.Schema == nil {
+				continue
+			}
+			var in apiextensions.CustomResourceValidation
+			if err := apiextensionsv1.Convert_v1_CustomResourceValidation_To_apiextensions_CustomResourceValidation(v.Schema, &in, nil); err != nil {
+				return nil, err
+			}
+			validator, _, err := validation.NewSchemaValidator(in.OpenAPIV3Schema)
+			if err != nil {
+				return nil, err
+			}
+			structural, err := structuralschema.NewStructural(in.OpenAPIV3Schema)
+			if err != nil {
+				return nil, err
+			}
+			schemas[crd.Spec.Group+"/"+v.Name+"/"+crd.Spec.Names.Kind] = istioSchema{validator, structural}
+		}
+	}
+	return schemas, nil
+})
+
+// validateCRD checks an Istio object against its CRD's schema and CEL rules.
+func validateCRD(apiVersionKind string, data []byte) error {
+	schemas, err := istioSchemas()
+	if err != nil {
+		return err
+	}
+	s, ok := schemas[apiVersionKind]
+	if !ok {
+		return fmt.Errorf("istio.io/api has no CRD serving %s", apiVersionKind)
+	}
+	js, err := yaml.YAMLToJSON(data)
+	if err != nil {
+		return err
+	}
+	var obj map[string]any
+	if err := utiljson.Unmarshal(js, &obj); err != nil {
+		return err
+	}
+	errs := validation.ValidateCustomResource(nil, obj, s.validator)
+	celErrs, _ := cel.NewValidator(s.structural, true, celconfig.PerCallLimit).Validate(context.Background(), nil, s.structural, obj, nil, celconfig.RuntimeCELCostBudget)
+	return append(errs, celErrs...).ToAggregate()
 }

@@ -218,12 +218,11 @@ func loadMeshObjects(t *testing.T) *meshObjects {
 		if err != nil {
 			t.Fatal(err)
 		}
-		obj, err := decodeIstio(data)
-		if err != nil {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal(data, &tm); err != nil {
 			t.Fatalf("%s: %v", file, err)
 		}
-		switch obj := obj.(type) {
-		case *istionetv1alpha3.EnvoyFilter:
+		if tm.Kind == "EnvoyFilter" {
 			mf, err := checkEnvoyFilter(file, data)
 			if err != nil {
 				t.Fatalf("%s: %v", file, err)
@@ -234,6 +233,13 @@ func loadMeshObjects(t *testing.T) *meshObjects {
 			case istioapi.EnvoyFilter_SIDECAR_INBOUND:
 				m.sidecar = mf
 			}
+			continue
+		}
+		obj, err := decodeIstio(data)
+		if err != nil {
+			t.Fatalf("%s: %v", file, err)
+		}
+		switch obj := obj.(type) {
 		case *istionetv1.DestinationRule:
 			m.rule = obj
 		case *corev1.Service:
@@ -588,10 +594,11 @@ func TestIstioDocShowsMeshRules(t *testing.T) {
 type istioSchema struct {
 	validator  validation.SchemaValidator
 	structural *structuralschema.Structural
+	cel        *cel.Validator
 }
 
-// istioSchemas are the served versions of Istio's CRDs, by apiVersion/kind.
-var istioSchemas = sync.OnceValues(func() (map[string]istioSchema, error) {
+// istioCRDs are the schemas of the served versions of Istio's CRDs, by apiVersion/kind.
+var istioCRDs = sync.OnceValues(func() (map[string]*apiextensions.JSONSchemaProps, error) {
 	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", "istio.io/api").Output()
 	if err != nil {
 		return nil, fmt.Errorf("go list istio.io/api: %w", err)
@@ -600,7 +607,7 @@ var istioSchemas = sync.OnceValues(func() (map[string]istioSchema, error) {
 	if err != nil {
 		return nil, err
 	}
-	schemas := map[string]istioSchema{}
+	schemas := map[string]*apiextensions.JSONSchemaProps{}
 	for _, doc := range regexp.MustCompile(`(?m)^---[ \t]*$`).Split(string(data), -1) {
 		var crd apiextensionsv1.CustomResourceDefinition
 		if err := yaml.Unmarshal([]byte(doc), &crd); err != nil {
@@ -614,29 +621,53 @@ var istioSchemas = sync.OnceValues(func() (map[string]istioSchema, error) {
 			if err := apiextensionsv1.Convert_v1_CustomResourceValidation_To_apiextensions_CustomResourceValidation(v.Schema, &in, nil); err != nil {
 				return nil, err
 			}
-			validator, _, err := validation.NewSchemaValidator(in.OpenAPIV3Schema)
-			if err != nil {
-				return nil, err
-			}
-			structural, err := structuralschema.NewStructural(in.OpenAPIV3Schema)
-			if err != nil {
-				return nil, err
-			}
-			schemas[crd.Spec.Group+"/"+v.Name+"/"+crd.Spec.Names.Kind] = istioSchema{validator, structural}
+			schemas[crd.Spec.Group+"/"+v.Name+"/"+crd.Spec.Names.Kind] = in.OpenAPIV3Schema
 		}
 	}
 	return schemas, nil
 })
 
+// istioSchemas holds the validators built so far: building one compiles its CEL rules.
+var istioSchemas struct {
+	sync.Mutex
+	m map[string]*istioSchema
+}
+
+func istioSchemaOf(apiVersionKind string) (*istioSchema, error) {
+	istioSchemas.Lock()
+	defer istioSchemas.Unlock()
+	if s, ok := istioSchemas.m[apiVersionKind]; ok {
+		return s, nil
+	}
+	crds, err := istioCRDs()
+	if err != nil {
+		return nil, err
+	}
+	props, ok := crds[apiVersionKind]
+	if !ok {
+		return nil, fmt.Errorf("istio.io/api has no CRD serving %s", apiVersionKind)
+	}
+	validator, _, err := validation.NewSchemaValidator(props)
+	if err != nil {
+		return nil, err
+	}
+	structural, err := structuralschema.NewStructural(props)
+	if err != nil {
+		return nil, err
+	}
+	s := &istioSchema{validator, structural, cel.NewValidator(structural, true, celconfig.PerCallLimit)}
+	if istioSchemas.m == nil {
+		istioSchemas.m = map[string]*istioSchema{}
+	}
+	istioSchemas.m[apiVersionKind] = s
+	return s, nil
+}
+
 // validateCRD checks an Istio object against its CRD's schema and CEL rules.
 func validateCRD(apiVersionKind string, data []byte) error {
-	schemas, err := istioSchemas()
+	s, err := istioSchemaOf(apiVersionKind)
 	if err != nil {
 		return err
-	}
-	s, ok := schemas[apiVersionKind]
-	if !ok {
-		return fmt.Errorf("istio.io/api has no CRD serving %s", apiVersionKind)
 	}
 	js, err := yaml.YAMLToJSON(data)
 	if err != nil {
@@ -647,6 +678,6 @@ func validateCRD(apiVersionKind string, data []byte) error {
 		return err
 	}
 	errs := validation.ValidateCustomResource(nil, obj, s.validator)
-	celErrs, _ := cel.NewValidator(s.structural, true, celconfig.PerCallLimit).Validate(context.Background(), nil, s.structural, obj, nil, celconfig.RuntimeCELCostBudget)
+	celErrs, _ := s.cel.Validate(context.Background(), nil, s.structural, obj, nil, celconfig.RuntimeCELCostBudget)
 	return append(errs, celErrs...).ToAggregate()
 }

@@ -32,6 +32,8 @@ const (
 	kindAlerts  = "prometheus rule file"
 	kindPromUT  = "promtool unit tests of the rule file"
 	kindHelm    = "helm chart file (helm_test.go renders and checks the chart)"
+	kindIstio   = "istio objects (istio_test.go)"
+	kindMesh    = "rls rules of the istio sidecar example"
 )
 
 // yamlFiles classifies every *.yaml and *.yml under deploy/ (the current directory).
@@ -54,6 +56,10 @@ func yamlFiles(t *testing.T) map[string][]string {
 			return fmt.Errorf("%s: %v", p, err)
 		}
 		switch {
+		case strings.HasPrefix(p, filepath.Join("istio", "rules")+string(filepath.Separator)):
+			byKind[kindMesh] = append(byKind[kindMesh], p)
+		case strings.HasPrefix(p, "istio"+string(filepath.Separator)):
+			byKind[kindIstio] = append(byKind[kindIstio], p)
 		case strings.HasPrefix(p, "helm"+string(filepath.Separator)):
 			byKind[kindHelm] = append(byKind[kindHelm], p)
 		case strings.HasPrefix(p, filepath.Join("envoy", "rules-tokens")+string(filepath.Separator)):
@@ -96,6 +102,8 @@ func TestEveryYAMLFileIsChecked(t *testing.T) {
 		kindEG:      {"envoy-gateway/envoy-gateway-config.yaml"},
 		kindAlerts:  {"prometheus/rls-alerts.yaml"},
 		kindPromUT:  {"prometheus/rls-alerts.test.yaml"},
+		kindIstio:   {"istio/destinationrule.yaml", "istio/gateway-envoyfilter.yaml", "istio/service.yaml", "istio/sidecar-envoyfilter.yaml"},
+		kindMesh:    {"istio/rules/mesh.yaml"},
 	}
 	for kind, files := range want {
 		if !slices.Equal(got[kind], files) {

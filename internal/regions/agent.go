@@ -1,6 +1,7 @@
 package regions
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"time"
@@ -46,6 +47,9 @@ type publication struct {
 	at         int64
 	validUntil int64
 	shares     map[string]Share
+	// inherited: the table an earlier agent published, whose end is known only as an upper
+	// bound (validUntil).
+	inherited bool
 }
 
 type agentKey struct {
@@ -80,7 +84,18 @@ type Agent struct {
 	seq      uint64
 	sent     map[uint64]int64 // report seq → when sent
 	leaseEnd int64
-	gen      uint64 // the newest reply taken (Reply.Gen)
+	// inherited is, for an agent that continues an earlier one's table, the latest that agent's
+	// lease may end (on this agent's clock).
+	inherited int64
+	// lapsed: the lease ended (or was never had) and every applied share fell to its safe share.
+	lapsed bool
+	epoch  uint64 // the coordinator's epoch of the newest reply taken
+	gen    uint64 // the newest reply taken (Reply.Gen)
+	// claimSeq is the first report that claimed the region's shares after a new epoch began:
+	// a reply to an earlier report renews no lease (the new coordinator did not count those
+	// shares). Every report claims until a reply to one of them comes.
+	claimSeq uint64
+	claiming bool
 	keys     map[string]*agentKey
 	pubs     []publication // recent publications, oldest first
 	// leaving: the agent applies no grant any more; leftAt is when its zero table has been
@@ -91,20 +106,41 @@ type Agent struct {
 
 // NewAgent returns an agent that continues from the table last published (nil: nothing), with
 // reports numbered from seqBase+1. seqBase must be above every seq an earlier agent of the
-// region used (the region's store hands out bases).
+// region used (the region's store hands out bases). last.ValidUntil is on this agent's clock,
+// and must not be earlier than the table's end (an upper bound will do).
 func NewAgent(cfg AgentConfig, last *Published, seqBase uint64) *Agent {
-	a := &Agent{cfg: cfg, seq: seqBase, sent: map[uint64]int64{}, keys: map[string]*agentKey{}, leaseEnd: noLease}
+	a := &Agent{cfg: cfg, seq: seqBase, sent: map[uint64]int64{}, keys: map[string]*agentKey{}, leaseEnd: noLease,
+		inherited: noLease}
 	if last != nil {
 		shares := map[string]Share{}
 		for k, s := range last.Shares {
 			a.keys[k] = &agentKey{applied: s, version: last.Versions[k], sent: -1}
 			shares[k] = s
 		}
-		// The replicas may apply that table, or its safe shares: its end, on the store's
-		// clock, is not known on this one, so it counts as ended (the safe shares count too).
-		a.pubs = []publication{{at: -1 << 62, validUntil: -1 << 62, shares: shares}}
+		// The replicas may apply that table until it ends (then its safe shares), and the
+		// earlier agent's lease ended at most a margin after the table.
+		a.pubs = []publication{{at: -1 << 62, validUntil: last.ValidUntil, shares: shares, inherited: true}}
+		a.inherited = last.ValidUntil + int64(cfg.Margin)
 	}
 	return a
+}
+
+// lapse, once the lease has ended (and any lease of an earlier agent whose table this one
+// continues), makes every applied share its safe share, as the replicas apply it by then, and
+// the reports claim what the region may apply until a reply renews the lease: the coordinator
+// may have counted less for the region since (its lease ended there too, or the state was
+// lost).
+func (a *Agent) lapse(now int64) {
+	if a.lapsed || now < max(a.leaseEnd, a.inherited) {
+		return
+	}
+	a.lapsed = true
+	for _, k := range a.keys {
+		k.applied = a.cfg.Policy.share(k.applied, k.limit)
+	}
+	if !a.claiming {
+		a.claiming, a.claimSeq = true, a.seq+1
+	}
 }
 
 // Observe sets key's demand (requests per period over the last Δ) and its limit as the rules
@@ -121,6 +157,7 @@ func (a *Agent) Observe(key string, limit Share, demand int64) {
 // Report returns the report to send at now: every key whose demand changed by more than a
 // sixteenth, started or stopped, or whose acknowledgement moved.
 func (a *Agent) Report(now int64) Report {
+	a.lapse(now)
 	a.seq++
 	a.sent[a.seq] = now
 	for s, at := range a.sent {
@@ -129,6 +166,8 @@ func (a *Agent) Report(now int64) Report {
 		}
 	}
 	r := Report{Region: a.cfg.Region, Seq: a.seq, Policy: a.cfg.Policy}
+	// Claims go in every report until a reply to one of them comes.
+	claim := a.claiming
 	for _, key := range sortedKeys(a.keys) {
 		k := a.keys[key]
 		if k.demand == 0 && k.sent == 0 && k.confirmed && !k.owed && k.applied == (Share{}) && len(k.waits) == 0 {
@@ -142,15 +181,21 @@ func (a *Agent) Report(now int64) Report {
 		}
 		changed := k.sent < 0 || (k.demand == 0) != (k.sent == 0) || abs(k.demand-k.sent)*16 > k.sent ||
 			(!k.confirmed && a.seq > k.sentSeq+3)
-		if !changed && !k.owed && acked == k.acked {
+		claimed := claim && k.version > 0
+		if !changed && !k.owed && acked == k.acked && !claimed {
 			continue
 		}
 		d := int64(-1)
-		if changed {
+		if changed || claimed {
 			d, k.sent, k.sentSeq, k.confirmed = k.demand, k.demand, a.seq, false
 		}
 		k.acked = acked
-		r.Keys = append(r.Keys, KeyReport{Key: key, Limit: k.limit, Demand: d, Acked: acked})
+		kr := KeyReport{Key: key, Limit: k.limit, Demand: d, Acked: acked}
+		if claimed {
+			most := a.most(key, k.applied, now)
+			kr.Claim, kr.ClaimVersion = &most, k.version
+		}
+		r.Keys = append(r.Keys, kr)
 	}
 	return r
 }
@@ -161,11 +206,20 @@ func (a *Agent) LeaseEnd() int64 { return a.leaseEnd }
 // Receive takes a reply at now and returns the changes to publish, in key order. The lease it
 // carries starts at the report's sending: earlier than the coordinator's receipt of it.
 func (a *Agent) Receive(now int64, r Reply) []Change {
+	a.lapse(now)
 	sent, ok := a.sent[r.Seq]
-	if !ok || a.leaving || r.Gen <= a.gen {
+	if !ok || a.leaving || r.Epoch < a.epoch || (r.Epoch == a.epoch && r.Gen <= a.gen) {
 		// A reply to a report of an earlier run (or forgotten), or older than one taken:
 		// take nothing of it.
 		return nil
+	}
+	if r.Epoch > a.epoch {
+		// A coordinator's state this agent has not heard from (the state was lost, or the
+		// agent is new): claim what the region may apply; the claim's reply renews the lease.
+		if !a.claiming && slices.ContainsFunc(slices.Collect(maps.Values(a.keys)), func(k *agentKey) bool { return k.version > 0 }) {
+			a.claiming, a.claimSeq = true, a.seq+1
+		}
+		a.epoch = r.Epoch
 	}
 	a.gen = r.Gen
 	var out []Change
@@ -199,7 +253,13 @@ func (a *Agent) Receive(now int64, r Reply) []Change {
 		k.applied, k.version = g.Share, g.Version
 		out = append(out, c)
 	}
-	a.leaseEnd = max(a.leaseEnd, sent+int64(r.Lease))
+	if r.Seq >= a.claimSeq {
+		a.claiming = false
+		a.leaseEnd = max(a.leaseEnd, sent+int64(r.Lease))
+		if a.leaseEnd > now {
+			a.lapsed = false
+		}
+	}
 	return out
 }
 
@@ -212,7 +272,7 @@ func (a *Agent) least(key string, now int64) int64 {
 	for i := len(a.pubs) - 1; i >= 0; i-- {
 		p := a.pubs[i]
 		s := p.shares[key]
-		if p.validUntil <= now {
+		if p.validUntil <= now || p.inherited {
 			lim := a.limitOf(key)
 			s = s.min(a.cfg.Policy.share(s, lim))
 		}
@@ -224,6 +284,26 @@ func (a *Agent) least(key string, now int64) int64 {
 		}
 	}
 	return max(ref, 0)
+}
+
+// most is the largest share of key a replica of the region may apply at now or later without a
+// new grant: applied, or that of a table published within a table lease (and the one before
+// them), or its safe share once that table has ended.
+func (a *Agent) most(key string, applied Share, now int64) Share {
+	most := applied
+	from := now - int64(a.cfg.TableLease+a.cfg.Margin)
+	for i := len(a.pubs) - 1; i >= 0; i-- {
+		p := a.pubs[i]
+		s := p.shares[key]
+		if p.validUntil <= now {
+			s = s.min(a.cfg.Policy.share(s, a.limitOf(key)))
+		}
+		most = most.max(s)
+		if p.at < from {
+			break
+		}
+	}
+	return most
 }
 
 func (a *Agent) limitOf(key string) Share {

@@ -26,6 +26,12 @@ type State struct {
 	Version uint64 `json:"version"`
 	// Gen is the last reply's number (Reply.Gen).
 	Gen uint64 `json:"gen"`
+	// Born is when this state began, which names its epoch. Until Born plus a lease and the
+	// margin, no share grows: regions may still apply shares an earlier (lost) state granted,
+	// which they claim in their reports, and a region that does not claim has seen its lease
+	// end by then.
+	Born  int64 `json:"born"`
+	Begun bool  `json:"begun"`
 }
 
 // RegionState is what the coordinator knows of one region.
@@ -125,8 +131,29 @@ func NewCoordinator(cfg CoordinatorConfig, st *State) *Coordinator {
 // State returns the coordinator's state, to be stored (it is c's own: do not modify it).
 func (c *Coordinator) State() *State { return &c.st }
 
+// begin starts a new epoch at now, when the state is new: versions and replies are numbered
+// from now in nanoseconds, above every number an earlier epoch used (each used fewer than one a
+// nanosecond).
+func (c *Coordinator) begin(now int64) {
+	if c.st.Begun {
+		return
+	}
+	c.st.Begun, c.st.Born = true, now
+	c.st.Version = max(c.st.Version, epochOf(now))
+	c.st.Gen = max(c.st.Gen, epochOf(now))
+}
+
+// epochOf maps an instant (which may read below zero) to an epoch, keeping the order.
+func epochOf(t int64) uint64 { return uint64(t) ^ 1<<63 }
+
+// recovering reports whether, at now, shares granted by a lost state may still apply unclaimed.
+func (c *Coordinator) recovering(now int64) bool {
+	return now < c.st.Born+int64(c.cfg.Lease+c.cfg.Margin)
+}
+
 // Receive takes a region's report, received at now.
 func (c *Coordinator) Receive(now int64, r Report) {
+	c.begin(now)
 	rs := c.st.Regions[r.Region]
 	if rs == nil {
 		rs = &RegionState{}
@@ -167,6 +194,9 @@ func (c *Coordinator) Receive(now int64, r Report) {
 			h = &Held{}
 			ks.Regions[r.Region] = h
 		}
+		if kr.Claim != nil {
+			c.claim(kr, h, now)
+		}
 		h.ack(kr.Acked)
 		if fresh {
 			h.Limit = kr.Limit
@@ -177,17 +207,41 @@ func (c *Coordinator) Receive(now int64, r Report) {
 	}
 }
 
+// claim takes a region's claim of what it may apply of a key (see KeyReport.Claim).
+func (c *Coordinator) claim(kr KeyReport, h *Held, now int64) {
+	switch {
+	case h.Acked == 0 && len(h.Issued) == 0 && h.AckedShare == (Share{}):
+		if c.recovering(now) {
+			// A share of the lost state, which the region applies: counted from now.
+			h.Acked, h.AckedShare = kr.ClaimVersion, *kr.Claim
+			return
+		}
+		// Too late to be counted (others may hold it now): the region's lease has ended since,
+		// and the reply that renews it carries this cut.
+		h.issue(&c.st, kr.Key, Share{})
+	case kr.ClaimVersion >= h.Acked && !h.AckedShare.within(*kr.Claim):
+		// The region fell to less (its lease ended): count what it may still apply, and let
+		// the reallocation grant it again.
+		h.AckedShare = h.AckedShare.min(*kr.Claim)
+	default:
+		return
+	}
+	c.dirty[kr.Key] = true
+}
+
 // Step reallocates every key at now and returns the replies to send, one per region that
 // reported since the last Step.
 func (c *Coordinator) Step(now int64) []Reply {
+	c.begin(now)
 	for _, name := range sortedKeys(c.st.Regions) {
 		rs := c.st.Regions[name]
 		if !rs.Lapsed && !rs.Left && now > rs.LeaseEnd+int64(c.cfg.Margin) {
 			c.lapse(name, rs)
 		}
 	}
+	grow := !c.recovering(now)
 	for _, key := range sortedKeys(c.st.Keys) {
-		c.reallocate(key, c.st.Keys[key])
+		c.reallocate(key, c.st.Keys[key], grow)
 	}
 	var out []Reply
 	for _, name := range sortedKeys(c.st.Regions) {
@@ -196,7 +250,7 @@ func (c *Coordinator) Step(now int64) []Reply {
 			continue
 		}
 		c.st.Gen++
-		rep := Reply{Region: name, Seq: rs.Answer, Gen: c.st.Gen, Lease: c.cfg.Lease}
+		rep := Reply{Region: name, Seq: rs.Answer, Epoch: epochOf(c.st.Born), Gen: c.st.Gen, Lease: c.cfg.Lease}
 		for _, key := range sortedKeys(c.st.Keys) {
 			if h := c.st.Keys[key].Regions[name]; h != nil {
 				rep.Grants = append(rep.Grants, h.Issued...)
@@ -232,7 +286,7 @@ func (c *Coordinator) lapse(name string, rs *RegionState) {
 
 // reallocate moves key's shares toward max-min fair ones: cuts are granted at once, growth only
 // within what the others hold (their cuts count until acknowledged).
-func (c *Coordinator) reallocate(key string, ks *KeyState) {
+func (c *Coordinator) reallocate(key string, ks *KeyState, grow bool) {
 	names := sortedKeys(ks.Regions)
 	var lim Share
 	var active []string
@@ -293,6 +347,9 @@ func (c *Coordinator) reallocate(key string, ks *KeyState) {
 		}
 	}
 	for i, name := range active {
+		if !grow {
+			break
+		}
 		h := ks.Regions[name]
 		cur := h.latest()
 		room := lim.sub(total).add(h.held())

@@ -29,6 +29,11 @@ type KeyReport struct {
 	// Acked is the last version of the key's share that the region applies, and applies
 	// alone: no replica of the region uses an earlier one any more.
 	Acked uint64 `json:"a,omitempty"`
+	// Claim, after a new epoch began (the coordinator's state was lost), is the most the region
+	// may apply of the key, of version ClaimVersion (of the earlier epoch): the new coordinator
+	// counts it.
+	Claim        *Share `json:"c,omitempty"`
+	ClaimVersion uint64 `json:"cv,omitempty"`
 }
 
 // Reply is what the coordinator answers a Report with. It carries every grant the region has
@@ -36,9 +41,12 @@ type KeyReport struct {
 type Reply struct {
 	Region string `json:"region"`
 	Seq    uint64 `json:"seq"`
-	// Gen numbers the coordinator's replies, across coordinators: a region takes only a reply
-	// newer than every reply it took, so a reply that arrives late never undoes a later one.
-	Gen uint64 `json:"gen"`
+	// Epoch names the coordinator's state: a new one begins when the state is lost (the
+	// coordination store restarted empty). Gen numbers the replies of an epoch, across
+	// coordinators: a region takes only a reply newer than every reply it took, so a reply that
+	// arrives late never undoes a later one.
+	Epoch uint64 `json:"epoch"`
+	Gen   uint64 `json:"gen"`
 	// Lease is how long after sending report Seq the region may apply its shares (measured on
 	// its own clock). The coordinator counts them for Lease plus a margin after it received the
 	// report, which is later.

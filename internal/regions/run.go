@@ -79,9 +79,9 @@ type Node struct {
 
 	agentMu  sync.Mutex
 	agent    *Agent
-	periods  map[string]int64    // key → its limit's period (µs), as the replicas wrote it
-	observed map[string]bool     // keys observed at the last tick
-	limits   map[string][3]int64 // key → rate, burst, period (µs)
+	observed map[string]bool                 // keys observed at the last tick
+	history  map[string]*[demandWindow]int64 // key → hits of the last intervals, newest last
+	limits   map[string][3]int64             // key → rate, burst, period (µs)
 
 	coord *Coordinator // only the coordinator loop's goroutine uses it
 
@@ -124,7 +124,7 @@ func Start(cfg Config) (*Node, error) {
 	n := &Node{
 		cfg: cfg, keys: newKeys(cfg.Prefix), start: time.Now(), token: hex.EncodeToString(tok[:]),
 		log: cfg.Logger.With("region", cfg.Region), demand: map[string]*demandCount{},
-		periods: map[string]int64{}, observed: map[string]bool{}, limits: map[string][3]int64{},
+		history: map[string]*[demandWindow]int64{}, observed: map[string]bool{}, limits: map[string][3]int64{},
 		viewData: map[string]Share{}, viewVers: map[string]uint64{}, stop: make(chan struct{}),
 	}
 	for _, loop := range []func(){n.fetchLoop, n.demandLoop, n.agentLoop, n.replyLoop, n.coordLoop} {
@@ -345,19 +345,28 @@ func (n *Node) becomeAgent(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	entries, err := n.cfg.Local.HGetAll(ctx, n.keys.table).Result()
+	// The table as published, and its end on this clock: the store's end less the store's
+	// time, read after the fetch began, plus this clock at the answer (an upper bound).
+	res, err := fetchScript.Run(ctx, n.cfg.Local, []string{n.keys.table, n.keys.changes, n.keys.meta}, 0).Slice()
 	if err != nil {
 		return err
 	}
-	last := &Published{Shares: map[string]Share{}, Versions: map[string]uint64{}}
-	for k, e := range entries {
-		if v, s, ok := parseEntry(e); ok {
-			last.Shares[k], last.Versions[k] = s, v
+	after := n.mono()
+	if len(res) < 4 {
+		return fmt.Errorf("fetch: %d values", len(res))
+	}
+	storeNow := (toInt(res[0])*1_000_000 + toInt(res[1])) * 1000
+	last := &Published{Shares: map[string]Share{}, Versions: map[string]uint64{},
+		ValidUntil: toInt(res[3])*1000 - storeNow + after}
+	for i := 4; i+1 < len(res); i += 2 {
+		key, _ := res[i].(string)
+		if v, s, ok := parseEntry(res[i+1]); ok {
+			last.Shares[key], last.Versions[key] = s, v
 		}
 	}
 	n.agent = NewAgent(AgentConfig{Region: n.cfg.Region, Policy: n.cfg.Policy, TableLease: n.cfg.TableLease,
 		Margin: n.cfg.Margin}, last, uint64(base))
-	n.log.Info("global shares: this replica is the region's agent", "keys", len(entries))
+	n.log.Info("global shares: this replica is the region's agent", "keys", len(last.Shares))
 	return nil
 }
 
@@ -389,21 +398,16 @@ func (n *Node) report(ctx context.Context) {
 	}
 	seen := map[string]bool{}
 	for k, c := range counts {
-		l, ok := n.limits[k]
-		if !ok {
+		if _, ok := n.limits[k]; !ok {
 			continue
 		}
 		hits, _ := strconv.ParseInt(c, 10, 64)
-		// Demand per period: hits in the interval, scaled to the limit's period (rounded up).
-		perPeriod := int64(min(math.Ceil(float64(hits)*float64(l[2])*1000/float64(n.cfg.Interval.Nanoseconds())), 1<<40))
-		n.agent.Observe(k, Share{l[0], l[1]}, perPeriod)
+		n.observe(k, hits)
 		seen[k] = true
 	}
 	for k := range n.observed {
-		if !seen[k] {
-			if l, ok := n.limits[k]; ok {
-				n.agent.Observe(k, Share{l[0], l[1]}, 0)
-			}
+		if !seen[k] && n.observe(k, 0) {
+			seen[k] = true // still counted: its window is not empty yet
 		}
 	}
 	n.observed = seen
@@ -418,6 +422,41 @@ func (n *Node) report(ctx context.Context) {
 	if _, err := pipe.Exec(ctx); err != nil {
 		n.log.Debug("global shares: sending the report", "err", err)
 	}
+}
+
+// demandWindow is the number of intervals a key's demand is averaged over.
+const demandWindow = 4
+
+// observe records key's hits of the last interval and hands the agent its demand per period:
+// the average over the last demandWindow intervals (a rate of a few requests per interval is
+// noisy), or the last interval's when it is more than twice that (a demand that starts or
+// jumps is followed at once), plus a twentieth. It reports whether any interval of the window
+// had hits.
+func (n *Node) observe(key string, hits int64) bool {
+	l := n.limits[key]
+	h := n.history[key]
+	if h == nil {
+		h = new([demandWindow]int64)
+		n.history[key] = h
+	}
+	copy(h[:], h[1:])
+	h[demandWindow-1] = hits
+	var sum int64
+	for _, v := range h {
+		sum += v
+	}
+	perInterval := float64(sum) / demandWindow
+	if last := float64(hits); last > 2*perInterval {
+		perInterval = last
+	}
+	// Per period: hits per interval scaled to the limit's period (l[2], µs), rounded up.
+	perPeriod := int64(min(math.Ceil(1.05*perInterval*float64(l[2])*1000/float64(n.cfg.Interval.Nanoseconds())), 1<<40))
+	n.agent.Observe(key, Share{l[0], l[1]}, perPeriod)
+	if sum == 0 {
+		delete(n.history, key)
+		return false
+	}
+	return true
 }
 
 // replyLoop, while this replica is its region's agent, waits for the coordinator's replies and

@@ -211,18 +211,21 @@ func TestHelpListsOnlyTheCommandsFlags(t *testing.T) {
 	}
 }
 
-// TestValidateFlagsAfterPath: rls validate takes its flags after the path too.
+// TestValidateFlagsAfterPath: rls validate takes its flags after the path too, and they apply
+// (--merge-domains was once copied before the flags were parsed, and ignored).
 func TestValidateFlagsAfterPath(t *testing.T) {
 	dir := t.TempDir()
-	for _, name := range []string{"a.yaml", "b.yaml"} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(cliRules), 0o600); err != nil {
+	for name, key := range map[string]string{"a.yaml": "user", "b.yaml": "account"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(strings.Replace(cliRules, "user", key, 1)), 0o600); err != nil {
 			t.Fatal(err)
 		}
 	}
 	if code, _, errOut := runArgs("validate", dir); code != 1 || !strings.Contains(errOut, "shop") {
 		t.Fatalf("two files of one domain without --merge-domains: exit %d, %s", code, errOut)
 	}
-	if code, out, errOut := runArgs("validate", dir, "--merge-domains"); code != 0 || !strings.Contains(out, "ok: 1 domain(s) from 2 file(s)") {
-		t.Errorf("rls validate DIR --merge-domains: exit %d\n%s%s", code, out, errOut)
+	for _, args := range [][]string{{"validate", dir, "--merge-domains"}, {"validate", "--merge-domains", dir}} {
+		if code, out, errOut := runArgs(args...); code != 0 || !strings.Contains(out, "ok: 1 domain(s) from 2 file(s)") {
+			t.Errorf("rls %s: exit %d\n%s%s", strings.Join(args, " "), code, out, errOut)
+		}
 	}
 }

@@ -44,7 +44,7 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := validateFlags(fs)
-	config, callers, opts := o.config, o.callers, o.rules
+	config, callers := o.config, o.callers
 	usage := func() error {
 		fmt.Fprintln(stderr, "usage: rls validate PATH, or rls validate --config PATH (a rule file or a directory of *.yaml/*.yml files), or rls validate --caller-policy FILE")
 		return errUsage
@@ -68,7 +68,8 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	rs, err := server.LoadRules(path, opts)
+	// o.rules is read now, after the flags set it.
+	rs, err := server.LoadRules(path, o.rules)
 	if err != nil {
 		return err
 	}

@@ -229,3 +229,32 @@ func TestValidateFlagsAfterPath(t *testing.T) {
 		}
 	}
 }
+
+// TestCommandsDocJSON: docs/commands.md's example of check's output is what check prints: it
+// decodes into check's output with no field unknown, and prints back the same.
+func TestCommandsDocJSON(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "docs", "commands.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := string(b)
+	i := strings.Index(doc, "\n```json\n")
+	if i < 0 {
+		t.Fatal("docs/commands.md has no json example")
+	}
+	doc = doc[i+len("\n```json\n"):]
+	doc = doc[:strings.Index(doc, "```")]
+	dec := json.NewDecoder(strings.NewReader(doc))
+	dec.DisallowUnknownFields()
+	var out checkOutput
+	if err := dec.Decode(&out); err != nil {
+		t.Fatalf("docs/commands.md's example is not check's output: %v", err)
+	}
+	var again strings.Builder
+	if err := writeJSON(&again, out); err != nil {
+		t.Fatal(err)
+	}
+	if again.String() != doc {
+		t.Errorf("docs/commands.md's example is not as check prints it:\n%s\nwant\n%s", doc, again.String())
+	}
+}

@@ -71,9 +71,14 @@ func writeCheck(w io.Writer, resp *rlsv3.RateLimitResponse) error {
 		}
 		out.DynamicMetadata = b
 	}
+	return writeJSON(w, out)
+}
+
+// writeJSON prints v indented by two spaces, as rls's HTTP answers are.
+func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	return enc.Encode(out)
+	return enc.Encode(v)
 }
 
 func headers[H interface {

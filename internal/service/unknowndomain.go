@@ -19,7 +19,7 @@ var unknownDomain = metadata.Pairs(UnknownDomainHeader, "true")
 // markUnknownDomain sets UnknownDomainHeader on a gRPC call whose domain rs does not define; on
 // anything but a gRPC call (POST /json) it does nothing.
 func markUnknownDomain(ctx context.Context, rs *descriptors.RuleSet, domain string) {
-	if !rs.HasDomain(domain) {
+	if !rs.HasDomain(domain) && grpc.ServerTransportStreamFromContext(ctx) != nil {
 		_ = grpc.SetHeader(ctx, unknownDomain)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"regexp"
 	"strings"
 
 	"github.com/rls-project/rls/internal/server"
@@ -139,19 +140,19 @@ func parseArgs(fs *flag.FlagSet, args []string) ([]string, error) {
 	}
 }
 
+// flagNamed finds the flag the flag package's errors name: "flag provided but not defined:
+// -x", "invalid value ... for flag -x: ...", "flag needs an argument: -x".
+var flagNamed = regexp.MustCompile(`(defined: |for flag |argument: )-([^\s:=]+)`)
+
 // flagError is the flag package's error with the flag it names written as the user typed it
 // (--nosuch stays --nosuch), or as --name when it cannot tell.
 func flagError(err error, args []string) string {
 	msg := err.Error()
-	i := strings.LastIndex(msg, " -")
-	if i < 0 {
+	m := flagNamed.FindStringSubmatchIndex(msg)
+	if m == nil {
 		return msg
 	}
-	name := msg[i+2:]
-	rest := ""
-	if j := strings.IndexByte(name, ':'); j >= 0 {
-		name, rest = name[:j], name[j:]
-	}
+	name := msg[m[4]:m[5]]
 	typed := "--" + name
 	for _, a := range args {
 		if a == "--" {
@@ -163,7 +164,7 @@ func flagError(err error, args []string) string {
 			break
 		}
 	}
-	return msg[:i+1] + typed + rest
+	return msg[:m[4]-1] + typed + msg[m[5]:]
 }
 
 // envName is the environment variable that sets flag name: --grpc-addr is RLS_GRPC_ADDR.

@@ -384,7 +384,7 @@ func TestUsageErrors(t *testing.T) {
 		{[]string{"--rlqs", "--rlqs-tick", "0s"}, "--rlqs-tick 0s: want a positive duration"},
 		{[]string{"--rlqs", "--rlqs-assignment-ttl", "1500ms"}, "--rlqs-assignment-ttl 1.5s: want a whole number of seconds"},
 		{[]string{"serve", "extra"}, `unexpected arguments ["extra"]`},
-		{[]string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
+		{[]string{"--no-such-flag"}, "flag provided but not defined: --no-such-flag"},
 	} {
 		if out, code := runBinary(t, tc.args...); code != 64 || !strings.Contains(out, tc.want) {
 			t.Errorf("rls %s: exit %d, want 64 and %q in:\n%s", strings.Join(tc.args, " "), code, tc.want, out)

@@ -298,7 +298,7 @@ func TestUsageKeysEndpoints(t *testing.T) {
 			}
 
 			// rls inspect and rls reset, as an operator runs them.
-			out, err := exec.Command(rlsBinary(t), "inspect", "--addr", p.HTTPAddr, "--domain", "ai", "daily_key="+user).CombinedOutput()
+			out, err := exec.Command(rlsBinary(t), "inspect", "--http-url", p.HTTPAddr, "--domain", "ai", "daily_key="+user).CombinedOutput()
 			if err != nil || !strings.Contains(string(out), `"in_debt": true`) || !strings.Contains(string(out), `"debt": 500`) {
 				t.Fatalf("rls inspect: %v\n%s", err, out)
 			}
@@ -306,11 +306,11 @@ func TestUsageKeysEndpoints(t *testing.T) {
 			if err := os.WriteFile(wrongFile, []byte("not-the-token-at-all"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			if out, err := exec.Command(rlsBinary(t), "reset", "--addr", p.HTTPAddr, "--domain", "ai", "--admin-token-file", wrongFile, "daily_key="+user).CombinedOutput(); err == nil || !strings.Contains(string(out), "403") {
+			if out, err := exec.Command(rlsBinary(t), "reset", "--http-url", p.HTTPAddr, "--domain", "ai", "--admin-token-file", wrongFile, "daily_key="+user).CombinedOutput(); err == nil || !strings.Contains(string(out), "403") {
 				t.Fatalf("rls reset with a wrong token: %v\n%s", err, out)
 			}
 			same("rls reset with a wrong token")
-			out, err = exec.Command(rlsBinary(t), "reset", "--addr", p.HTTPAddr, "--domain", "ai", "--admin-token-file", tokenFile, "daily_key="+user).CombinedOutput()
+			out, err = exec.Command(rlsBinary(t), "reset", "--http-url", p.HTTPAddr, "--domain", "ai", "--admin-token-file", tokenFile, "daily_key="+user).CombinedOutput()
 			if err != nil || !strings.Contains(string(out), `"reset": 1`) {
 				t.Fatalf("rls reset: %v\n%s", err, out)
 			}

@@ -11,8 +11,9 @@ import (
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/server"
@@ -43,20 +44,21 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := validateFlags(fs)
-	config, callers, opts := o.config, o.callers, o.rules
+	config, callers := o.config, o.callers
 	usage := func() error {
 		fmt.Fprintln(stderr, "usage: rls validate PATH, or rls validate --config PATH (a rule file or a directory of *.yaml/*.yml files), or rls validate --caller-policy FILE")
 		return errUsage
 	}
-	if err := parseArgs(fs, args); err != nil {
+	rest, err := parseArgs(fs, args)
+	if err != nil {
 		return err
 	}
 	path := *config
 	switch {
-	case path != "" && fs.NArg() == 0:
-	case path == "" && fs.NArg() == 1:
-		path = fs.Arg(0)
-	case path == "" && fs.NArg() == 0 && *callers != "":
+	case path != "" && len(rest) == 0:
+	case path == "" && len(rest) == 1:
+		path = rest[0]
+	case path == "" && len(rest) == 0 && *callers != "":
 		return validatePolicy(*callers, stdout)
 	default:
 		return usage()
@@ -66,7 +68,8 @@ func runValidate(args []string, stdout, stderr io.Writer) error {
 			return err
 		}
 	}
-	rs, err := server.LoadRules(path, opts)
+	// o.rules is read now, after the flags set it.
+	rs, err := server.LoadRules(path, o.rules)
 	if err != nil {
 		return err
 	}
@@ -101,30 +104,34 @@ type checkOptions struct {
 	hits         *uint
 	timeout      *time.Duration
 	descs        *descriptorFlag
+	tls          *clientTLS
 }
 
 // checkFlags registers rls check's flags on fs.
 func checkFlags(fs *flag.FlagSet) *checkOptions {
 	o := &checkOptions{descs: &descriptorFlag{}}
-	o.addr = fs.String("addr", "localhost:8081", "rls gRPC address")
+	o.addr = fs.String("addr", "localhost:8081", "rls gRPC address, host:port (rls serve's --grpc-addr)")
 	o.domain = fs.String("domain", "example", "rate-limit domain")
 	o.hits = fs.Uint("hits", 0, "hits_addend (0 means 1)")
 	o.timeout = fs.Duration("timeout", 5*time.Second, "deadline for the call")
 	fs.Var(o.descs, "descriptor", descriptorUsage)
+	o.tls = clientTLSFlags(fs, "connect with TLS, as any --tls-* flag does; verified against the system's roots unless --tls-ca")
 	return o
 }
 
 // runCheck sends one ShouldRateLimit request and prints the response as JSON. It returns
-// errOverLimit (exit status 2) when the answer is OVER_LIMIT.
+// errOverLimit (exit status 2) when the answer is OVER_LIMIT. A domain the server's rules do not
+// define is said on stderr, the answer (OK, as Envoy sees it) unchanged.
 func runCheck(ctx context.Context, args, env []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("check", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	o := checkFlags(fs)
 	addr, domain, hits, timeout, descs := o.addr, o.domain, o.hits, o.timeout, o.descs
-	if err := parseFlags(fs, args, env); err != nil {
+	rest, err := parseFlags(fs, args, env)
+	if err != nil {
 		return err
 	}
-	for _, a := range fs.Args() {
+	for _, a := range rest {
 		if err := descs.Set(a); err != nil {
 			fmt.Fprintln(stderr, "rls check:", err)
 			return errUsage
@@ -138,24 +145,34 @@ func runCheck(ctx context.Context, args, env []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stderr, "rls check: --hits %d: hits_addend is 32 bits, at most %d\n", *hits, uint64(math.MaxUint32))
 		return errUsage
 	}
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := insecure.NewCredentials()
+	if o.tls.wanted() {
+		cfg, err := o.tls.config()
+		if err != nil {
+			return err
+		}
+		creds = credentials.NewTLS(cfg)
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return err
 	}
 	defer conn.Close()
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
+	var header metadata.MD
 	resp, err := rlsv3.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{
 		Domain: *domain, Descriptors: *descs, HitsAddend: uint32(*hits),
-	})
+	}, grpc.Header(&header))
 	if err != nil {
 		return fmt.Errorf("ShouldRateLimit %s: %w", *addr, err)
 	}
-	out, err := protojson.MarshalOptions{Multiline: true}.Marshal(resp)
-	if err != nil {
+	if err := writeCheck(stdout, resp); err != nil {
 		return err
 	}
-	fmt.Fprintln(stdout, string(out))
+	if len(header.Get(service.UnknownDomainHeader)) > 0 {
+		fmt.Fprintf(stderr, "rls check: domain %q is in none of the server's rules: nothing was limited\n", *domain)
+	}
 	if resp.GetOverallCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
 		return errOverLimit
 	}

@@ -56,8 +56,10 @@ func TestDescriptorArgumentsDecodedAlike(t *testing.T) {
 			}
 			var resp struct {
 				Statuses []struct {
-					CurrentLimit   struct{ RequestsPerUnit int }
-					LimitRemaining int
+					CurrentLimit struct {
+						RequestsPerUnit int `json:"requests_per_unit"`
+					} `json:"current_limit"`
+					LimitRemaining int `json:"limit_remaining"`
 				}
 			}
 			if err := json.Unmarshal([]byte(out), &resp); err != nil {
@@ -66,7 +68,7 @@ func TestDescriptorArgumentsDecodedAlike(t *testing.T) {
 			if len(resp.Statuses) != 1 || resp.Statuses[0].CurrentLimit.RequestsPerUnit != tc.limit || resp.Statuses[0].LimitRemaining != tc.limit-i {
 				t.Fatalf("check %s, call %d: want the rule of %d with %d left; got\n%s", tc.arg, i, tc.limit, tc.limit-i, out)
 			}
-			out, err = command("inspect", "--addr", p.HTTPAddr, "--domain", "enc", tc.arg)
+			out, err = command("inspect", "--http-url", p.HTTPAddr, "--domain", "enc", tc.arg)
 			if err != nil {
 				t.Fatalf("inspect %s: %v\n%s", tc.arg, err, out)
 			}
@@ -97,11 +99,11 @@ func TestDescriptorArgumentsDecodedAlike(t *testing.T) {
 		{"%2C=v,x", "want key=value"},
 	} {
 		for _, cmd := range []string{"check", "inspect"} {
-			addr := p.GRPCAddr
+			addr := []string{"--addr", p.GRPCAddr}
 			if cmd == "inspect" {
-				addr = p.HTTPAddr
+				addr = []string{"--http-url", p.HTTPAddr}
 			}
-			out, err := command(cmd, "--addr", addr, "--domain", "enc", tc.arg)
+			out, err := command(append(append([]string{cmd}, addr...), "--domain", "enc", tc.arg)...)
 			if !errors.Is(err, errUsage) || !strings.Contains(out, tc.want) {
 				t.Errorf("%s %s: got %v\n%s\nwant a usage error saying %q", cmd, tc.arg, err, out, tc.want)
 			}

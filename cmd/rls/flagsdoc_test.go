@@ -84,32 +84,44 @@ is stale). ` + "`rls help COMMAND`" + ` prints the same. A flag on the command l
 		if shownFlags(fs) == 0 {
 			continue
 		}
-		fmt.Fprintf(&b, "\n## %s\n\n`%s`: %s.\n\n", c.name, c.synopsis, c.summary)
+		fmt.Fprintf(&b, "\n## %s\n\n`%s`: %s.\n", c.name, c.synopsis, c.summary)
 		cols := "| flag | variable | type | default | what |\n|---|---|---|---|---|\n"
 		if !c.env {
 			cols = "| flag | type | default | what |\n|---|---|---|---|\n"
 		}
-		b.WriteString(cols)
-		fs.VisitAll(func(f *flag.Flag) {
-			if testingOnly(f) {
-				return
-			}
-			name := "`--" + f.Name + "`"
-			if c.name == "serve" {
-				name = "[" + name + "](" + flagPage(f.Name) + "#flags)"
-			}
-			def := ""
-			if f.DefValue != "" {
-				def = "`" + f.DefValue + "`"
-			}
-			if c.env {
-				fmt.Fprintf(&b, "| %s | `%s` | %s | %s | %s |\n", name, envName(f.Name), flagType(f), def, markdownText(f.Usage))
-			} else {
-				fmt.Fprintf(&b, "| %s | %s | %s | %s |\n", name, flagType(f), def, markdownText(f.Usage))
-			}
-		})
+		if c.name != "serve" {
+			b.WriteString("\n" + cols)
+			flagRows(&b, c, fs, func(*flag.Flag) bool { return true })
+			continue
+		}
+		for _, g := range serveGroups {
+			fmt.Fprintf(&b, "\n### %s\n\n%s", g.title, cols)
+			flagRows(&b, c, fs, func(f *flag.Flag) bool { return serveGroup(f.Name) == g.name })
+		}
 	}
 	return b.Bytes()
+}
+
+// flagRows writes the table rows of the flags of c's flag set fs that keep reports true of.
+func flagRows(b *bytes.Buffer, c command, fs *flag.FlagSet, keep func(*flag.Flag) bool) {
+	fs.VisitAll(func(f *flag.Flag) {
+		if hidden(f) || !keep(f) {
+			return
+		}
+		name := "`--" + f.Name + "`"
+		if c.name == "serve" {
+			name = "[" + name + "](" + flagPage(f.Name) + "#flags)"
+		}
+		def := ""
+		if f.DefValue != "" {
+			def = "`" + f.DefValue + "`"
+		}
+		if c.env {
+			fmt.Fprintf(b, "| %s | `%s` | %s | %s | %s |\n", name, envName(f.Name), flagType(f), def, markdownText(f.Usage))
+		} else {
+			fmt.Fprintf(b, "| %s | %s | %s | %s |\n", name, flagType(f), def, markdownText(f.Usage))
+		}
+	})
 }
 
 // markdownText escapes what Markdown would read as markup in a table cell.

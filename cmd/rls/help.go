@@ -55,35 +55,50 @@ summary of the domains loaded, 1 with the errors, 64 for a usage error.`,
 	},
 	{
 		name:     "check",
-		synopsis: "rls check [flags] key=value[,key=value...] ...",
+		synopsis: "rls check [flags] key=value[,key=value...] ... [flags]",
 		summary:  "ask a running server once and print its answer as JSON",
-		about: `Sends one ShouldRateLimit request to a running rls (--addr) and prints the response as JSON.
-Each argument (or --descriptor) is one descriptor: pairs split at ',', each at its first '=',
-keys and values percent-decoded (%2C is ',', %3D '=', %25 '%'). Exit status: 0 for OK, 2 for
-OVER_LIMIT, 1 on error, 64 for a usage error.`,
+		about: `Sends one ShouldRateLimit request to a running rls's gRPC listener (--addr) and prints the
+response as JSON (snake_case, durations in seconds: docs/commands.md). Each argument (or
+--descriptor) is one descriptor: pairs split at ',', each at its first '=', keys and values
+percent-decoded (%2C is ',', %3D '=', %25 '%'). Flags may come before or after the descriptors;
+after "--" every argument is a descriptor. --tls, or any --tls-* flag, connects over TLS, with a
+client certificate for mutual TLS. A domain the server's rules do not define is said on stderr;
+the answer and exit status stay as Envoy would see them. Exit status: 0 for OK, 2 for
+OVER_LIMIT, 1 on error (PERMISSION_DENIED from a caller policy among them), 64 for a usage error.`,
 		env:   true,
 		flags: func(fs *flag.FlagSet) { checkFlags(fs) },
 	},
 	{
 		name:     "inspect",
-		synopsis: "rls inspect [flags] key=value[,key=value...] ...",
+		synopsis: "rls inspect [flags] key=value[,key=value...] ... [flags]",
 		summary:  "read a descriptor's state from a running server, charging nothing",
-		about: `Calls GET /v1/keys on a running rls's HTTP listener (--addr) and prints, for every limit the
-descriptor matches, what remains, when it resets and any debt. It charges nothing. Descriptors
-are read as rls check reads them. Exit status: 0, 1 on error, 64 for a usage error.`,
+		about: `Calls GET /v1/keys on a running rls's HTTP listener (--http-url) and prints, for every limit
+the descriptor matches, what remains, when it resets and any debt, as JSON in check's style. It
+charges nothing. Descriptors and flags are read as rls check reads them. An https:// URL (or a
+bare host:port with a --tls flag) connects over TLS. Exit status: 0, 1 on error, 64 for a usage
+error.`,
 		env:   true,
-		flags: func(fs *flag.FlagSet) { keysFlags(fs) },
+		flags: func(fs *flag.FlagSet) { keysFlags(fs, false) },
 	},
 	{
 		name:     "reset",
-		synopsis: "rls reset --admin-token-file FILE [flags] key=value[,key=value...] ...",
+		synopsis: "rls reset --admin-token-file FILE [flags] key=value[,key=value...] ... [flags]",
 		summary:  "give a descriptor's budget back (needs the admin token)",
-		about: `Calls POST /v1/keys on a running rls's HTTP listener (--addr) with the admin token of
+		about: `Calls POST /v1/keys on a running rls's HTTP listener (--http-url) with the admin token of
 --admin-token-file: the keys of every limit the descriptor matches get their whole budget back,
-and their state after is printed. The server must run with --admin-token-file (else 404).
-Descriptors are read as rls check reads them. Exit status: 0, 1 on error, 64 for a usage error.`,
+and their state after is printed as inspect prints it. The server must run with
+--admin-token-file (else 404). Descriptors, flags and TLS are as for rls inspect. Exit status:
+0, 1 on error, 64 for a usage error.`,
 		env:   true,
-		flags: func(fs *flag.FlagSet) { keysFlags(fs) },
+		flags: func(fs *flag.FlagSet) { keysFlags(fs, true) },
+	},
+	{
+		name:     "version",
+		synopsis: "rls version | rls --version",
+		summary:  "print which rls this is: version, commit, Go release",
+		about: `Prints rls's version, the commit it was built from when Go recorded one, and the Go release
+that built it, e.g. "rls v1.2.3 (commit 0123456789ab, go1.26.8)". A build from a work tree
+without a version says "(devel)". The same is in the start line and the rls_build_info metric.`,
 	},
 	{
 		name:     "help",
@@ -157,8 +172,12 @@ Commands:
 	}
 	fmt.Fprint(w, "\n\"rls help COMMAND\" or \"rls COMMAND --help\" says what a command does and lists its flags.\n\n")
 	serve, _ := lookupCommand("serve")
-	fmt.Fprintln(w, "Flags of serve, each also set by the RLS_* variable shown:")
-	printFlags(w, commandFlags(serve), true)
+	fmt.Fprintln(w, "Flags of serve, by concern, each also set by the RLS_* variable shown:")
+	fs := commandFlags(serve)
+	for _, g := range serveGroups {
+		fmt.Fprintf(w, "\n%s:\n", g.title)
+		printFlagsIf(w, fs, true, func(f *flag.Flag) bool { return serveGroup(f.Name) == g.name })
+	}
 }
 
 // printCommandHelp writes what one command does, then its flags.
@@ -180,7 +199,7 @@ func printCommandHelp(w io.Writer, c command) {
 func shownFlags(fs *flag.FlagSet) int {
 	n := 0
 	fs.VisitAll(func(f *flag.Flag) {
-		if !testingOnly(f) {
+		if !hidden(f) {
 			n++
 		}
 	})
@@ -191,11 +210,20 @@ func shownFlags(fs *flag.FlagSet) int {
 // reference leave those out.
 func testingOnly(f *flag.Flag) bool { return strings.HasPrefix(f.Usage, "testing only") }
 
+// hidden reports whether the help and the flag reference leave a flag out: one for the tests
+// alone, or one kept for a release under an old name (deprecated).
+func hidden(f *flag.Flag) bool { return testingOnly(f) || deprecated(f) }
+
 // printFlags writes fs's flags, sorted by name, each with its RLS_* variable when env is set,
 // its type and its default.
 func printFlags(w io.Writer, fs *flag.FlagSet, env bool) {
+	printFlagsIf(w, fs, env, func(*flag.Flag) bool { return true })
+}
+
+// printFlagsIf is printFlags of the flags that keep reports true of.
+func printFlagsIf(w io.Writer, fs *flag.FlagSet, env bool, keep func(*flag.Flag) bool) {
 	fs.VisitAll(func(f *flag.Flag) {
-		if testingOnly(f) {
+		if hidden(f) || !keep(f) {
 			return
 		}
 		fmt.Fprintf(w, "  --%s", f.Name)

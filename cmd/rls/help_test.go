@@ -75,9 +75,9 @@ func TestHelpCommand(t *testing.T) {
 						at = strings.Index(out, "  --"+f.Name+"\n")
 					}
 					switch {
-					case testingOnly(f):
+					case hidden(f):
 						if at >= 0 {
-							t.Errorf("testing-only flag --%s shown", f.Name)
+							t.Errorf("testing-only or deprecated flag --%s shown", f.Name)
 						}
 					case at < 0 || flagsAt < 0 || at < flagsAt:
 						t.Errorf("flag --%s not listed after what the command does:\n%s", f.Name, out)
@@ -97,10 +97,17 @@ func TestHelpErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"help", "frobnicate"}, `rls help: unknown command "frobnicate": want serve, validate, check, inspect, reset or help`},
+		{[]string{"help", "frobnicate"}, `rls help: unknown command "frobnicate": want serve, validate, check, inspect, reset, version or help`},
 		{[]string{"help", "check", "reset"}, "usage: rls help [COMMAND]"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
-		{[]string{"--nope"}, "flag provided but not defined: -nope\nRun \"rls help serve\" for its flags."},
+		{[]string{"--nope"}, "flag provided but not defined: --nope\nRun \"rls help serve\" for its flags."},
+		{[]string{"-nope"}, "flag provided but not defined: -nope\n"},
+		{[]string{"--nope=1"}, "flag provided but not defined: --nope\n"},
+		{[]string{"check", "k=v", "--nope"}, "flag provided but not defined: --nope\nRun \"rls help check\" for its flags."},
+		{[]string{"check", "--hits", "many", "k=v"}, `invalid value "many" for flag --hits: `},
+		{[]string{"inspect", "--domain"}, "flag needs an argument: --domain\n"},
+		{[]string{"inspect", "--admin-token-file", "f", "k=v"}, "flag provided but not defined: --admin-token-file\nRun \"rls help inspect\" for its flags."},
+		{[]string{"version", "extra"}, "usage: rls version"},
 		{[]string{"check", "--nope"}, "Run \"rls help check\" for its flags."},
 		{[]string{"validate", "--nope"}, "Run \"rls help validate\" for its flags."},
 	} {

@@ -24,19 +24,24 @@ func adminTokenFlag(fs *flag.FlagSet, file *string) {
 
 // keysOptions are the flags of rls inspect and rls reset.
 type keysOptions struct {
-	addr, domain, tokenFile *string
-	timeout                 *time.Duration
-	descs                   []string
+	url, oldAddr, domain, tokenFile *string
+	timeout                         *time.Duration
+	descs                           []string
+	tls                             *clientTLS
 }
 
-// keysFlags registers the flags of rls inspect and rls reset on fs.
-func keysFlags(fs *flag.FlagSet) *keysOptions {
-	o := &keysOptions{}
-	o.addr = fs.String("addr", "http://localhost:8080", "rls HTTP address (--http-addr)")
+// keysFlags registers the flags of rls inspect, or with reset of rls reset, on fs.
+func keysFlags(fs *flag.FlagSet, reset bool) *keysOptions {
+	o := &keysOptions{tokenFile: new(string), oldAddr: new(string)}
+	o.url = fs.String("http-url", "localhost:8080", "rls's HTTP listener (rls serve's --http-addr) as a URL, http:// or https://; a bare host:port is https with any --tls flag, else http")
 	o.domain = fs.String("domain", "example", "rate-limit domain")
 	o.timeout = fs.Duration("timeout", 5*time.Second, "deadline for the call")
-	o.tokenFile = fs.String("admin-token-file", "", "reset: file holding the admin token (as given to rls serve)")
+	if reset {
+		o.tokenFile = fs.String("admin-token-file", "", "file holding the admin token (as given to rls serve)")
+	}
 	fs.Func("descriptor", descriptorUsage, func(s string) error { o.descs = append(o.descs, s); return nil })
+	fs.StringVar(o.oldAddr, "addr", "", "deprecated: the old name of --http-url, for this release only")
+	o.tls = clientTLSFlags(fs, "connect with TLS when --http-url is a bare host:port, as any --tls-* flag does (an https:// URL always does); verified against the system's roots unless --tls-ca")
 	return o
 }
 
@@ -45,13 +50,19 @@ func keysFlags(fs *flag.FlagSet) *keysOptions {
 func runKeys(ctx context.Context, name string, args, env []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	o := keysFlags(fs)
-	addr, domain, timeout, tokenFile := o.addr, o.domain, o.timeout, o.tokenFile
-	if err := parseFlags(fs, args, env); err != nil {
+	o := keysFlags(fs, name == "reset")
+	domain, timeout, tokenFile := o.domain, o.timeout, o.tokenFile
+	rest, err := parseFlags(fs, args, env)
+	if err != nil {
 		return err
 	}
+	addr := *o.url
+	if *o.oldAddr != "" {
+		fmt.Fprintf(stderr, "rls %s: --addr is deprecated here and goes in the next release: write --http-url (--addr is the gRPC address, as rls check takes it)\n", name)
+		addr = *o.oldAddr
+	}
 	descs := o.descs
-	descs = append(descs, fs.Args()...)
+	descs = append(descs, rest...)
 	if len(descs) == 0 {
 		fmt.Fprintf(stderr, "rls %s: give at least one descriptor, e.g. rls %s --domain ai api_key=k1,model=m\n", name, name)
 		return errUsage
@@ -64,9 +75,21 @@ func runKeys(ctx context.Context, name string, args, env []string, stdout, stder
 			return errUsage
 		}
 	}
-	base := *addr
-	if !strings.Contains(base, "://") {
+	base := addr
+	switch {
+	case strings.Contains(base, "://"):
+	case o.tls.wanted():
+		base = "https://" + base
+	default:
 		base = "http://" + base
+	}
+	client := http.DefaultClient
+	if strings.HasPrefix(base, "https://") {
+		cfg, err := o.tls.config()
+		if err != nil {
+			return err
+		}
+		client = &http.Client{Transport: &http.Transport{TLSClientConfig: cfg, Proxy: http.ProxyFromEnvironment, ForceAttemptHTTP2: true}}
 	}
 	q := url.Values{"domain": {*domain}, "descriptor": descs}
 	method := http.MethodGet
@@ -85,9 +108,9 @@ func runKeys(ctx context.Context, name string, args, env []string, stdout, stder
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	resp, body, err := callKeys(ctx, method, strings.TrimSuffix(base, "/")+"/v1/keys?"+q.Encode(), token)
+	resp, body, err := callKeys(ctx, client, method, strings.TrimSuffix(base, "/")+"/v1/keys?"+q.Encode(), token)
 	if err != nil {
-		return fmt.Errorf("%s %s: %w", method, *addr, err)
+		return fmt.Errorf("%s %s: %w", method, addr, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		msg := strings.TrimSpace(string(body))
@@ -102,7 +125,7 @@ func runKeys(ctx context.Context, name string, args, env []string, stdout, stder
 
 // callKeys sends one /v1/keys request, with token as the bearer token when not nil, and returns
 // the answer and its body (at most 1 MiB read).
-func callKeys(ctx context.Context, method, url string, token []byte) (*http.Response, []byte, error) {
+func callKeys(ctx context.Context, client *http.Client, method, url string, token []byte) (*http.Response, []byte, error) {
 	req, err := http.NewRequestWithContext(ctx, method, url, nil)
 	if err != nil {
 		return nil, nil, err
@@ -110,7 +133,7 @@ func callKeys(ctx context.Context, method, url string, token []byte) (*http.Resp
 	if token != nil {
 		req.Header.Set("Authorization", "Bearer "+string(token))
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -26,7 +26,8 @@ func TestKeysCommandErrors(t *testing.T) {
 		{"inspect without descriptor", []string{"inspect"}, "give at least one descriptor"},
 		{"inspect with a bad descriptor", []string{"inspect", "novalue"}, "want key=value"},
 		{"reset without token file", []string{"reset", "k=v"}, "give --admin-token-file"},
-		{"inspect of nothing listening", []string{"inspect", "--addr", "127.0.0.1:1", "k=v"}, "127.0.0.1:1"},
+		{"inspect of nothing listening", []string{"inspect", "--http-url", "127.0.0.1:1", "k=v"}, "127.0.0.1:1"},
+		{"reset's --tls-cert without --tls-key", []string{"reset", "--admin-token-file", short, "--tls-cert", short, "k=v"}, "--tls-cert and --tls-key go together"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

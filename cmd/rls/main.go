@@ -6,7 +6,10 @@
 //	rls check [flags] k=v,...   ask a running server once and print the answer
 //	rls inspect [flags] k=v,... read a descriptor's state from a running server, charging nothing
 //	rls reset [flags] k=v,...   give a descriptor's budget back (needs the admin token)
+//	rls version, rls --version  say which rls this is
 //	rls help [COMMAND]          list the commands and serve's flags, or say what one command does
+//
+// Flags may come before or after a command's arguments.
 //
 // docs/flags.md lists every flag; TestFlagsDoc keeps it equal to the flag definitions.
 package main

@@ -35,7 +35,7 @@ func TestRedisFlags(t *testing.T) {
 			fs.SetOutput(io.Discard)
 			rc := server.DefaultConfig().Redis
 			redisFlags(fs, &rc)
-			if err := parseFlags(fs, tc.args, tc.env); err != nil {
+			if _, err := parseFlags(fs, tc.args, tc.env); err != nil {
 				t.Fatal(err)
 			}
 			if rc != tc.want {

@@ -20,7 +20,7 @@ func TestRunUsageErrors(t *testing.T) {
 		want string
 	}{
 		{"unknown command", []string{"frobnicate"}, nil, `unknown command "frobnicate"`},
-		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined: -nope"},
+		{"unknown flag", []string{"--nope"}, nil, "flag provided but not defined: --nope"},
 		{"bad env value", nil, []string{"RLS_SHUTDOWN_TIMEOUT=soon"}, `RLS_SHUTDOWN_TIMEOUT="soon"`},
 		{"validate without path", []string{"validate"}, nil, "usage: rls validate PATH"},
 		{"stray argument", []string{"--log-level", "info", "extra"}, nil, `unexpected arguments ["extra"]`},
@@ -132,13 +132,14 @@ func TestBadValuesExit64(t *testing.T) {
 		{"failure mode", []string{"--failure-mode", "maybe"}, nil, []string{`--failure-mode: `, `"maybe"`}},
 		{"response headers", []string{"--response-headers", "x"}, nil, []string{"--response-headers: "}},
 		{"near-limit ratio", []string{"--near-limit-ratio", "2"}, nil, []string{"--near-limit-ratio 2: want a value in [0, 1]"}},
-		{"near-limit ratio from RLS_*", nil, []string{"RLS_NEAR_LIMIT_RATIO=-1"}, []string{"--near-limit-ratio -1: want a value in [0, 1]"}},
+		{"near-limit ratio from RLS_*", nil, []string{"RLS_NEAR_LIMIT_RATIO=-1"}, []string{"RLS_NEAR_LIMIT_RATIO -1: want a value in [0, 1]"}},
+		{"backend from RLS_*", nil, []string{"RLS_BACKEND=etcd"}, []string{`RLS_BACKEND "etcd": want memory or redis`}},
 		{"concurrent streams", []string{"--grpc-max-concurrent-streams", "0"}, nil, []string{"--grpc-max-concurrent-streams 0: want at least 1"}},
 		{"stream workers", []string{"--grpc-stream-workers", "5000"}, nil, []string{"--grpc-stream-workers 5000: want at most 4096"}},
 		{"connections", []string{"--grpc-max-connections", "-1"}, nil, []string{"--grpc-max-connections -1: want 0 (no bound) or more"}},
 		{"connection idle", []string{"--grpc-max-connection-idle", "-1s"}, nil, []string{"--grpc-max-connection-idle -1s: want 0 (never) or more"}},
 		{"calls", []string{"--grpc-max-calls", "-1"}, nil, []string{"--grpc-max-calls -1: want 0 (no bound) or more"}},
-		{"new keys", nil, []string{"RLS_MAX_NEW_KEYS_PER_CALLER=-1"}, []string{"--max-new-keys-per-caller -1: want 0 (no bound) or more"}},
+		{"new keys", nil, []string{"RLS_MAX_NEW_KEYS_PER_CALLER=-1"}, []string{"RLS_MAX_NEW_KEYS_PER_CALLER -1: want 0 (no bound) or more"}},
 		{"client CA without a certificate", []string{"--grpc-tls-client-ca", file}, nil, []string{"--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key"}},
 		{"client SAN without a CA", []string{"--grpc-tls-cert", file, "--grpc-tls-key", file, "--grpc-tls-client-san", "x"}, nil, []string{"--grpc-tls-client-san needs --grpc-tls-client-ca"}},
 		{"HTTP timeout", []string{"--http-read-timeout", "0s"}, nil, []string{"--http-read-timeout 0s: must be > 0"}},
@@ -159,7 +160,7 @@ func TestBadValuesExit64(t *testing.T) {
 		{"OTLP protocol", nil, []string{"OTEL_TRACES_EXPORTER=otlp", "OTEL_EXPORTER_OTLP_PROTOCOL=pigeon"}, []string{`OTEL_EXPORTER_OTLP_PROTOCOL "pigeon": want grpc or http/protobuf`}},
 		{"every value wrong is named", []string{"--near-limit-ratio", "2", "--reload-debounce", "0s", "--rlqs", "--rlqs-max-buckets", "0"}, nil,
 			[]string{"--near-limit-ratio 2", "--reload-debounce 0s", "--rlqs-max-buckets 0"}},
-		{"a flag the flag package refuses", []string{"--grpc-max-calls", "many"}, nil, []string{`invalid value "many" for flag -grpc-max-calls`}},
+		{"a flag the flag package refuses", []string{"--grpc-max-calls", "many"}, nil, []string{`invalid value "many" for flag --grpc-max-calls`}},
 		{"an RLS_* variable the flag package refuses", nil, []string{"RLS_SHUTDOWN_TIMEOUT=soon"}, []string{`RLS_SHUTDOWN_TIMEOUT="soon"`}},
 	}
 	for _, tc := range tests {
@@ -183,5 +184,22 @@ func TestBadValuesExit64(t *testing.T) {
 				t.Errorf("the server started logging before the values were checked:\n%s", stderr.String())
 			}
 		})
+	}
+}
+
+// TestNameSources: a value wrong in an RLS_* variable is named by the variable, one from
+// envoyproxy/ratelimit's environment by the flag and the variables it came from; a flag whose
+// name another's begins with is left alone.
+func TestNameSources(t *testing.T) {
+	from := map[string]string{"backend": "RLS_BACKEND", "debug": "RLS_DEBUG", "redis-url": "REDIS_TYPE, REDIS_URL"}
+	for _, tc := range []struct{ in, want string }{
+		{`--backend "etcd": want memory or redis`, `RLS_BACKEND "etcd": want memory or redis`},
+		{"--debug serves pprof on the debug listener: it needs --debug-addr", "RLS_DEBUG serves pprof on the debug listener: it needs --debug-addr"},
+		{"--redis-url: bad\n--log-level x", "--redis-url (from REDIS_TYPE, REDIS_URL): bad\n--log-level x"},
+		{"no flag here", "no flag here"},
+	} {
+		if got := nameSources(tc.in, from); got != tc.want {
+			t.Errorf("nameSources(%q):\n got %q\nwant %q", tc.in, got, tc.want)
+		}
 	}
 }

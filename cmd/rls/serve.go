@@ -15,26 +15,39 @@ import (
 // flag package refuses (an unknown flag, a value not of the flag's type) and stray arguments
 // are errors here, usage errors all.
 func parseServeFlags(args, env []string, stderr io.Writer) (server.Config, error) {
+	c, _, err := parseServe(args, env, stderr)
+	return c, err
+}
+
+// parseServe is parseServeFlags, also returning where each flag not set on the command line got
+// its value: its RLS_* variable, or the envoyproxy/ratelimit variables it was translated from.
+func parseServe(args, env []string, stderr io.Writer) (server.Config, map[string]string, error) {
 	c := server.DefaultConfig()
 	ratelimitEnv := true
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	serveFlags(fs, &c, &ratelimitEnv)
-	if err := parseFlags(fs, args, env); err != nil {
-		return c, err
+	rest, from, err := parseFlagsFrom(fs, args, env)
+	if err != nil {
+		return c, nil, err
 	}
-	if fs.NArg() > 0 {
-		return c, fmt.Errorf("%w: unexpected arguments %q", errUsage, fs.Args())
+	if len(rest) > 0 {
+		return c, nil, fmt.Errorf("%w: unexpected arguments %q", errUsage, rest)
 	}
 	c.Env = env
 	if ratelimitEnv {
 		// What envoyproxy/ratelimit's environment gives that rls cannot take stops rls as a
 		// rule file that does not load does (exit 1): a REDIS_URL is read as --redis-url is.
 		if err := readRatelimitEnv(fs, env, &c.RatelimitEnv); err != nil {
-			return c, err
+			return c, nil, err
+		}
+		for _, st := range c.RatelimitEnv.Applied {
+			if !strings.HasPrefix(st.From, "default of ") {
+				from[st.Flag] = st.From
+			}
 		}
 	}
-	return c, nil
+	return c, from, nil
 }
 
 // serveFlags registers every serve flag on fs, each setting its field of c, its default the

@@ -96,6 +96,7 @@ func (s *Server) startTracing(ctx context.Context) (err error) {
 func (s *Server) connectBackends(ctx context.Context) (err error) {
 	s.reg = prometheus.NewRegistry()
 	s.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	registerBuildInfo(s.reg)
 	if s.be, err = newBackend(ctx, s.cfg, s.log); err != nil {
 		return err
 	}

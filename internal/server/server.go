@@ -22,6 +22,7 @@ import (
 	"github.com/rls-project/rls/internal/regions"
 	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
+	"github.com/rls-project/rls/internal/version"
 	"github.com/rls-project/rls/internal/xds"
 )
 
@@ -84,7 +85,7 @@ func (s *Server) Run(ctx context.Context) error {
 	if s.metricsL != nil {
 		attrs = append(attrs, "metrics_http", s.metricsL.Addr().String())
 	}
-	s.log.Info("rls serving", append(attrs, "backend", s.cfg.Backend, "failure_mode", s.failure.String(),
+	s.log.Info("rls serving", append(attrs, "version", version.Get().String(), "backend", s.cfg.Backend, "failure_mode", s.failure.String(),
 		"rules", rulesSource(s.cfg), "domains", domains,
 		"tls", s.cfg.GRPC.TLSCert != "", "tracing", s.tracing.tracer != nil, "pprof", s.cfg.Debug.Pprof)...)
 	select {

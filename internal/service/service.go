@@ -252,6 +252,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	defer s.pool.Put(w)
 	s.translate(rs, req, w, false)
 	admitted := true
+	if len(w.items) == 0 {
+		markUnknownDomain(ctx, rs, req.GetDomain())
+	}
 	if len(w.items) > 0 {
 		if s.newKeys != nil {
 			if err := s.checkNewKeys(ctx, w); err != nil {

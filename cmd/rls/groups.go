@@ -10,6 +10,7 @@ var serveGroups = []struct{ name, title string }{
 	{"state", "State: the backend, memory and Redis"},
 	{"failure", "Failure: when the backend cannot answer"},
 	{"clients", "Limits on clients: sizes, rates, timeouts, who may do what"},
+	{"regions", "Regions: one limit across regions"},
 	{"rlqs", "RLQS: the Rate Limit Quota Service"},
 	{"observability", "Observability: logs, metrics, debugging"},
 }
@@ -33,12 +34,15 @@ func serveGroup(name string) string {
 		return "state"
 	case "failure-mode":
 		return "failure"
+	case "region":
+		return "regions"
 	case "debug", "debug-addr", "metrics-addr", "metrics-path", "near-limit-ratio", "detailed-metric-values":
 		return "observability"
 	}
 	for _, p := range []struct{ prefix, group string }{
 		{"grpc-tls-", "listeners"}, {"http-", "clients"}, {"max-", "clients"}, {"config", "rules"}, {"xds-", "rules"},
 		{"response-header-", "rules"}, {"redis-", "state"}, {"rlqs", "rlqs"}, {"log-", "observability"},
+		{"global-", "regions"},
 	} {
 		if strings.HasPrefix(name, p.prefix) {
 			return p.group

@@ -55,18 +55,34 @@ func maxMinFair(capacity int64, demands []int64) []int64 {
 	return out
 }
 
-// targets divides avail among demands: the rates max-min fair, each burst in proportion to its
-// rate (rounded down, at least one request for any rate above zero while the burst lasts,
-// highest rates first). The sum of the results is within avail.
+// targets divides avail among demands: the rates max-min fair; of the burst, about half split
+// equally among the shares with a rate and half in proportion to their rates (rounded down; what
+// rounding leaves goes a request at a time to the highest rates, first to any left without a
+// burst). A small share thus has room for its requests' jitter, and a region alone gets the
+// whole burst. The sum of the results is within avail.
 func targets(avail Share, demands []int64) []Share {
 	rates := maxMinFair(avail.Rate, demands)
 	out := make([]Share, len(demands))
 	if avail.Rate <= 0 || avail.Burst <= 0 {
 		return out
 	}
+	var sharing int64
+	for _, r := range rates {
+		if r > 0 {
+			sharing++
+		}
+	}
+	var equal int64
+	if sharing > 0 {
+		equal = min((avail.Burst/2+sharing-1)/sharing, avail.Burst/sharing) // half, rounded up
+	}
+	prop := avail.Burst - equal*sharing
 	left := avail.Burst
 	for i, r := range rates {
-		b := mulDiv(avail.Burst, r, avail.Rate)
+		var b int64
+		if r > 0 {
+			b = equal + mulDiv(prop, r, avail.Rate)
+		}
 		out[i] = Share{r, b}
 		left -= b
 	}

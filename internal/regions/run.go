@@ -430,8 +430,7 @@ const demandWindow = 4
 // observe records key's hits of the last interval and hands the agent its demand per period:
 // the average over the last demandWindow intervals (a rate of a few requests per interval is
 // noisy), or the last interval's when it is more than twice that (a demand that starts or
-// jumps is followed at once), plus a twentieth. It reports whether any interval of the window
-// had hits.
+// jumps is followed at once), rounded. It reports whether any interval of the window had hits.
 func (n *Node) observe(key string, hits int64) bool {
 	l := n.limits[key]
 	h := n.history[key]
@@ -450,7 +449,10 @@ func (n *Node) observe(key string, hits int64) bool {
 		perInterval = last
 	}
 	// Per period: hits per interval scaled to the limit's period (l[2], µs), rounded up.
-	perPeriod := int64(min(math.Ceil(1.05*perInterval*float64(l[2])*1000/float64(n.cfg.Interval.Nanoseconds())), 1<<40))
+	perPeriod := int64(min(math.Round(perInterval*float64(l[2])*1000/float64(n.cfg.Interval.Nanoseconds())), 1<<40))
+	if perPeriod == 0 && sum > 0 {
+		perPeriod = 1
+	}
 	n.agent.Observe(key, Share{l[0], l[1]}, perPeriod)
 	if sum == 0 {
 		delete(n.history, key)

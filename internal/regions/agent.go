@@ -1,7 +1,6 @@
 package regions
 
 import (
-	"maps"
 	"math"
 	"slices"
 	"time"
@@ -165,9 +164,9 @@ func (a *Agent) Report(now int64) Report {
 			delete(a.sent, s)
 		}
 	}
-	r := Report{Region: a.cfg.Region, Seq: a.seq, Policy: a.cfg.Policy}
 	// Claims go in every report until a reply to one of them comes.
 	claim := a.claiming
+	r := Report{Region: a.cfg.Region, Seq: a.seq, Policy: a.cfg.Policy, Claimed: claim, Epoch: a.epoch}
 	for _, key := range sortedKeys(a.keys) {
 		k := a.keys[key]
 		if k.demand == 0 && k.sent == 0 && k.confirmed && !k.owed && k.applied == (Share{}) && len(k.waits) == 0 {
@@ -216,9 +215,8 @@ func (a *Agent) Receive(now int64, r Reply) []Change {
 	if r.Epoch > a.epoch {
 		// A coordinator's state this agent has not heard from (the state was lost, or the
 		// agent is new): claim what the region may apply; the claim's reply renews the lease.
-		if !a.claiming && slices.ContainsFunc(slices.Collect(maps.Values(a.keys)), func(k *agentKey) bool { return k.version > 0 }) {
-			a.claiming, a.claimSeq = true, a.seq+1
-		}
+		// (Claims made before count for nothing in it: claim again, from the next report.)
+		a.claiming, a.claimSeq = true, a.seq+1
 		a.epoch = r.Epoch
 	}
 	a.gen = r.Gen

@@ -13,6 +13,9 @@ type CoordinatorConfig struct {
 	// to others: it covers the regions' clocks running faster than the coordinator's (a region
 	// measures its lease on its own clock). Offsets between clocks do not matter.
 	Margin time.Duration
+	// Regions, when above 0, is the number of regions: a new state's recovery ends as soon as
+	// that many have claimed what they hold, rather than a lease after it began.
+	Regions int
 }
 
 // State is everything the coordinator knows; it is kept in the coordination store so that
@@ -47,6 +50,8 @@ type RegionState struct {
 	Left bool `json:"left,omitempty"`
 	// Answer is the last report not answered yet (0: none).
 	Answer uint64 `json:"answer,omitempty"`
+	// Claimed: the region claimed what it holds in this state's epoch.
+	Claimed bool `json:"claimed,omitempty"`
 }
 
 // KeyState is one global key's shares, by region.
@@ -146,9 +151,22 @@ func (c *Coordinator) begin(now int64) {
 // epochOf maps an instant (which may read below zero) to an epoch, keeping the order.
 func epochOf(t int64) uint64 { return uint64(t) ^ 1<<63 }
 
-// recovering reports whether, at now, shares granted by a lost state may still apply unclaimed.
+// recovering reports whether, at now, shares granted by a lost state may still apply unclaimed:
+// until a lease and the margin after the state began, or until every region has claimed.
 func (c *Coordinator) recovering(now int64) bool {
-	return now < c.st.Born+int64(c.cfg.Lease+c.cfg.Margin)
+	if now >= c.st.Born+int64(c.cfg.Lease+c.cfg.Margin) {
+		return false
+	}
+	if c.cfg.Regions <= 0 {
+		return true
+	}
+	claimed := 0
+	for _, rs := range c.st.Regions {
+		if rs.Claimed {
+			claimed++
+		}
+	}
+	return claimed < c.cfg.Regions
 }
 
 // Receive takes a region's report, received at now.
@@ -182,6 +200,13 @@ func (c *Coordinator) Receive(now int64, r Report) {
 		return
 	}
 	rs.Left = false
+	current := r.Epoch == epochOf(c.st.Born)
+	// A first claim in this epoch after the recovery is late: the shares it claims of a lost
+	// state may have been granted to others since.
+	late := current && r.Claimed && !rs.Claimed && !c.recovering(now)
+	if r.Claimed && current {
+		rs.Claimed = true
+	}
 	for _, kr := range r.Keys {
 		c.dirty[kr.Key] = true
 		ks := c.st.Keys[kr.Key]
@@ -194,8 +219,8 @@ func (c *Coordinator) Receive(now int64, r Report) {
 			h = &Held{}
 			ks.Regions[r.Region] = h
 		}
-		if kr.Claim != nil {
-			c.claim(kr, h, now)
+		if kr.Claim != nil && current {
+			c.claim(kr, h, late)
 		}
 		h.ack(kr.Acked)
 		if fresh {
@@ -207,24 +232,14 @@ func (c *Coordinator) Receive(now int64, r Report) {
 	}
 }
 
-// claim takes a region's claim of what it may apply of a key (see KeyReport.Claim).
-func (c *Coordinator) claim(kr KeyReport, h *Held, now int64) {
-	switch {
-	case h.Acked == 0 && len(h.Issued) == 0 && h.AckedShare == (Share{}):
-		if c.recovering(now) {
-			// A share of the lost state, which the region applies: counted from now.
-			h.Acked, h.AckedShare = kr.ClaimVersion, *kr.Claim
-			return
-		}
-		// Too late to be counted (others may hold it now): the region's lease has ended since,
-		// and the reply that renews it carries this cut.
+// claim takes a region's claim of the most it may apply of a key without a new grant (see
+// KeyReport.Claim): of the versions it acknowledged, and of a lost state's. It replaces what the
+// coordinator counted of them (the grants not acknowledged yet still count); a late claim is
+// cut at once, before the region's lease is renewed by the same reply.
+func (c *Coordinator) claim(kr KeyReport, h *Held, late bool) {
+	h.AckedShare = *kr.Claim
+	if late && *kr.Claim != (Share{}) {
 		h.issue(&c.st, kr.Key, Share{})
-	case kr.ClaimVersion >= h.Acked && !h.AckedShare.within(*kr.Claim):
-		// The region fell to less (its lease ended): count what it may still apply, and let
-		// the reallocation grant it again.
-		h.AckedShare = h.AckedShare.min(*kr.Claim)
-	default:
-		return
 	}
 	c.dirty[kr.Key] = true
 }

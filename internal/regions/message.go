@@ -15,6 +15,12 @@ type Report struct {
 	// Leave says that the region applies no share any more (it shuts down): the coordinator
 	// may give its shares away at once.
 	Leave bool `json:"leave,omitempty"`
+	// Claimed says that the report claims every share the region may apply (see
+	// KeyReport.Claim): a region that holds nothing claims so with no key.
+	Claimed bool `json:"claimed,omitempty"`
+	// Epoch is the coordinator's epoch the region last heard of (0: none). Claims count only in
+	// that epoch: a claim delayed from an earlier one may miss grants made since.
+	Epoch uint64 `json:"epoch,omitempty"`
 }
 
 // KeyReport is one global key in a Report.

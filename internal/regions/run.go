@@ -33,6 +33,8 @@ type Config struct {
 	// share's growing burst is paid for before it applies (Change.Charge).
 	Charge func(ctx context.Context, key string, l limit.Limit, cost int64) error
 	Policy Policy
+	// Regions, when above 0, is the number of regions (see CoordinatorConfig.Regions).
+	Regions int
 	// Interval is Δ: how often the region reports its demand and the coordinator steps.
 	Interval time.Duration
 	// Lease is how long a region applies its shares without hearing from the coordinator.
@@ -45,6 +47,10 @@ type Config struct {
 	Prefix string
 	Logger *slog.Logger
 }
+
+// roleTTL is the least lifetime of the coordinator's role: a replica that stops (or is cut off)
+// keeps it that long, and one whose steps are slow (round trips to a distant store) keeps it.
+const roleTTL = 3 * time.Second
 
 // Defaults of Config's durations.
 const (
@@ -156,7 +162,9 @@ func (n *Node) every(d time.Duration, f func(ctx context.Context)) {
 	t := time.NewTicker(d)
 	defer t.Stop()
 	for {
-		ctx, cancel := context.WithTimeout(context.Background(), max(d, time.Second))
+		// A round trip to the coordination store can take a good part of a second: a step
+		// (three of them) is not cut short before the role it holds would end.
+		ctx, cancel := context.WithTimeout(context.Background(), max(4*d, roleTTL))
 		f(ctx)
 		cancel()
 		select {
@@ -319,7 +327,7 @@ func (n *Node) demandLoop() {
 // agentLoop takes or keeps the region's agent role and, holding it, reports every interval.
 func (n *Node) agentLoop() {
 	n.every(n.cfg.Interval, func(ctx context.Context) {
-		held, err := leaseScript.Run(ctx, n.cfg.Local, []string{n.keys.agent}, n.token, (3 * n.cfg.Interval).Milliseconds()).Int()
+		held, err := leaseScript.Run(ctx, n.cfg.Local, []string{n.keys.agent}, n.token, max(3*n.cfg.Interval, roleTTL).Milliseconds()).Int()
 		n.agentMu.Lock()
 		defer n.agentMu.Unlock()
 		if err != nil || held == 0 {
@@ -560,7 +568,7 @@ func (n *Node) take(ctx context.Context, rep Reply) {
 // steps every half interval.
 func (n *Node) coordLoop() {
 	n.every(n.cfg.Interval/2, func(ctx context.Context) {
-		held, err := leaseScript.Run(ctx, n.cfg.Global, []string{n.keys.coord}, n.token, (3 * n.cfg.Interval).Milliseconds()).Int()
+		held, err := leaseScript.Run(ctx, n.cfg.Global, []string{n.keys.coord}, n.token, max(3*n.cfg.Interval, roleTTL).Milliseconds()).Int()
 		if err != nil || held == 0 {
 			if n.coord != nil {
 				n.log.Info("global shares: no longer the coordinator", "err", err)
@@ -612,7 +620,7 @@ func (n *Node) becomeCoordinator(ctx context.Context) error {
 			st.Keys[k] = &s
 		}
 	}
-	n.coord = NewCoordinator(CoordinatorConfig{Lease: n.cfg.Lease, Margin: n.cfg.Margin}, st)
+	n.coord = NewCoordinator(CoordinatorConfig{Lease: n.cfg.Lease, Margin: n.cfg.Margin, Regions: n.cfg.Regions}, st)
 	n.log.Info("global shares: this replica is the coordinator", "keys", len(st.Keys))
 	return nil
 }

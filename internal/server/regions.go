@@ -100,7 +100,7 @@ func startRegions(c Config, b backend.Backend, log *slog.Logger) (*regions.Node,
 	}
 	safe, _ := regions.ParseSafe(rc.Safe)
 	n, err := regions.Start(regions.Config{
-		Region: rc.Region, Global: global, Local: local, Policy: regions.Policy{Safe: safe, Regions: rc.Regions},
+		Region: rc.Region, Global: global, Local: local, Policy: regions.Policy{Safe: safe, Regions: rc.Regions}, Regions: rc.Regions,
 		Interval: rc.Interval, Lease: rc.Lease, TableLease: rc.TableLease, Margin: rc.Margin,
 		Prefix: c.Redis.KeyPrefix, Logger: log.With("component", "regions"),
 		Charge: func(ctx context.Context, key string, l limit.Limit, cost int64) error {

@@ -69,7 +69,7 @@ descriptors:
 			p := startRLS(t, nil, "--backend", "redis", "--redis-url", local.URL(), "--config", rules,
 				"--region", region, "--global-url", "redis://"+link.Listen,
 				"--global-interval", m.delta.String(), "--global-lease", m.lease.String(),
-				"--global-table-lease", "500ms", "--global-margin", "100ms", "--redis-timeout", "1s")
+				"--global-table-lease", "500ms", "--global-margin", "100ms", "--global-regions", "3", "--redis-timeout", "1s")
 			m.rls[region] = append(m.rls[region], p)
 			m.clients[region] = append(m.clients[region], p.client(t))
 		}
@@ -227,75 +227,368 @@ func worstExcess(ds []decision, T time.Duration) float64 {
 	return worst
 }
 
-// TestMultiRegionExact runs several demand patterns at once, each on keys of its own, over three
-// regions whose links to the coordination store have 25–75 ms of one-way latency, and checks that
-// what all regions admitted together in every window stays within b + r·T.
-func TestMultiRegionExact(t *testing.T) {
+// TestMultiRegion runs three regions on this machine (see startMultiRegion) and, in turn:
+//   - exact: four demand patterns at once, each on keys of its own over five seeds (even, all in
+//     one region, moving every Δ, synchronised bursts after quiet), with a skewed key and a cold
+//     key beside them; every window of 0.1 s, 1 s, 10 s and the whole run stays within b + r·T;
+//   - useful: the skewed key (10%, 30%, 200% of r) admits at least 0.95 of min(offered, b + r·T)
+//     once converged; the cold key (2r, one region) at least 0.9·r·T over 10 s from 2Δ and two
+//     round trips after its first request;
+//   - fast: at 50 and 150 ms of one-way latency, decisions on a global key take no cross-region
+//     round trip (their p99 stays under the latency) and their p99 is reported beside a
+//     regional key's, measured in the same run;
+//   - partitions: one region cut off for less than a lease, about a lease and far longer, with
+//     the bound checked throughout;
+//   - the coordination store killed and restarted empty: no decision fails, the bound holds,
+//     and shares are granted again.
+func TestMultiRegion(t *testing.T) {
+	t.Parallel()
 	m := startMultiRegion(t, 50*time.Millisecond, 25*time.Millisecond)
-	ctx := ctxT(t)
-	rec := &recorder{}
-	const run = 12 * time.Second
-	patterns := map[string]func(seed uint64) demand{
-		// Demand spread evenly: each region 1.5 r.
-		"even": func(uint64) demand { return func(string, time.Duration) float64 { return 1.5 * mrRate } },
-		// All demand in one region.
-		"one": func(seed uint64) demand {
-			home := m.regions[seed%3]
-			return func(r string, _ time.Duration) float64 {
-				if r == home {
-					return 3 * mrRate
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, region := range m.regions {
+				for i, p := range m.rls[region] {
+					for _, line := range strings.Split(p.Output(), "\n") {
+						if strings.Contains(line, "global shares") {
+							t.Logf("%s/%d: %s", region, i, line)
+						}
+					}
 				}
-				return 0
 			}
-		},
-		// Demand moving between regions every Δ.
-		"moving": func(seed uint64) demand {
-			return func(r string, since time.Duration) float64 {
-				if m.regions[(int(since/m.delta)+int(seed))%3] == r {
-					return 3 * mrRate
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	t.Cleanup(cancel)
+	windows := []time.Duration{100 * time.Millisecond, time.Second, 10 * time.Second}
+	checkExact := func(t *testing.T, rec *recorder, keys []string, whole time.Duration) map[time.Duration]float64 {
+		worst := map[time.Duration]float64{}
+		for _, key := range keys {
+			ds := rec.of(key)
+			for _, T := range append(slices.Clone(windows), whole) {
+				e := worstExcess(ds, T)
+				if v, ok := worst[T]; !ok || e > v {
+					worst[T] = e
 				}
-				return 0.2 * mrRate
+				if e > 0 {
+					t.Errorf("key %s: %v window: %.0f admitted above b + r·T", key, T, e)
+				}
 			}
-		},
-		// Synchronised bursts in every region after quiet periods.
-		"bursts": func(seed uint64) demand {
-			rng := rand.New(rand.NewPCG(seed, 7))
-			quiet := time.Duration(1+rng.IntN(2)) * time.Second
-			return func(_ string, since time.Duration) float64 {
-				if since%(quiet+time.Second) < quiet {
+		}
+		return worst
+	}
+
+	t.Run("exact and useful", func(t *testing.T) {
+		rec := &recorder{}
+		// Long enough that a full burst at the start of the usefulness window weighs little:
+		// in steady state a key cannot use b again, so admitted ÷ (b + r·T) is at most
+		// r·T ÷ (b + r·T), 0.97 over 16 s.
+		const run = 20 * time.Second
+		patterns := map[string]func(seed uint64) demand{
+			"even": func(uint64) demand { return func(string, time.Duration) float64 { return 1.5 * mrRate } },
+			"one": func(seed uint64) demand {
+				home := m.regions[seed%3]
+				return func(r string, _ time.Duration) float64 {
+					if r == home {
+						return 3 * mrRate
+					}
 					return 0
 				}
-				return 5 * mrRate
-			}
-		},
-	}
-	var wg sync.WaitGroup
-	var keys []string
-	for name, p := range patterns {
-		for seed := range uint64(5) {
-			key := fmt.Sprintf("%s-%d", name, seed)
-			keys = append(keys, key)
+			},
+			"moving": func(seed uint64) demand {
+				return func(r string, since time.Duration) float64 {
+					if m.regions[(int(since/m.delta)+int(seed))%3] == r {
+						return 3 * mrRate
+					}
+					return 0.2 * mrRate
+				}
+			},
+			"bursts": func(seed uint64) demand {
+				rng := rand.New(rand.NewPCG(seed, 7))
+				quiet := time.Duration(1+rng.IntN(2)) * time.Second
+				return func(_ string, since time.Duration) float64 {
+					if since%(quiet+time.Second) < quiet {
+						return 0
+					}
+					return 5 * mrRate
+				}
+			},
+		}
+		skew := map[string]float64{"eu": 0.1 * mrRate, "us": 0.3 * mrRate, "ap": 2 * mrRate}
+		var wg sync.WaitGroup
+		keys := []string{"skew", "cold"}
+		drive := func(key string, want demand) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				m.drive(ctx, rec, "user", key, p(seed), run)
+				m.drive(ctx, rec, "user", key, want, run)
+			}()
+		}
+		for name, p := range patterns {
+			for seed := range uint64(5) {
+				key := fmt.Sprintf("%s-%d", name, seed)
+				keys = append(keys, key)
+				drive(key, p(seed))
+			}
+		}
+		drive("skew", func(r string, _ time.Duration) float64 { return skew[r] })
+		drive("cold", func(r string, _ time.Duration) float64 {
+			if r == "eu" {
+				return 2 * mrRate
+			}
+			return 0
+		})
+		wg.Wait()
+		time.Sleep(time.Second) // answers in flight
+		worst := checkExact(t, rec, keys, run)
+		t.Logf("exact: worst (admitted − (b + r·T)) over %d keys, 4 patterns × 5 seeds and 2 more: %v", len(keys), worst)
+
+		// Useful: the skewed key once converged (from 4 s on).
+		ds := rec.of("skew")
+		start := firstSent(ds)
+		from, to := start.Add(4*time.Second), start.Add(run)
+		var offered, admitted float64
+		for _, d := range ds {
+			if !d.sent.Before(from) && d.sent.Before(to) {
+				offered++
+				if d.ok {
+					admitted++
+				}
+			}
+		}
+		bound := mrBurst + mrRate*to.Sub(from).Seconds()
+		ratio := admitted / min(offered, bound)
+		t.Logf("useful: skewed demand (10%%, 30%%, 200%% of r): admitted %.0f of min(offered %.0f, b + r·T %.0f): %.3f",
+			admitted, offered, bound, ratio)
+		if ratio < 0.95 {
+			t.Errorf("skewed demand: admitted %.3f of min(offered, b + r·T), want at least 0.95", ratio)
+		}
+		// The cold key: from 2Δ and two round trips (100 ms each) after its first request, 10 s.
+		ds = rec.of("cold")
+		from = firstSent(ds).Add(2*m.delta + 200*time.Millisecond)
+		to = from.Add(10 * time.Second)
+		admitted = 0
+		for _, d := range ds {
+			if d.ok && !d.sent.Before(from) && d.sent.Before(to) {
+				admitted++
+			}
+		}
+		t.Logf("useful: a cold key (2r, one region) admitted %.0f over 10 s from 2Δ + 2 round trips after its first request: %.3f of r·T",
+			admitted, admitted/(mrRate*10))
+		if admitted < 0.9*mrRate*10 {
+			t.Errorf("cold key: admitted %.0f, want at least 0.9·r·T = %.0f", admitted, 0.9*mrRate*10)
+		}
+	})
+
+	t.Run("fast", func(t *testing.T) {
+		for _, latency := range []time.Duration{50 * time.Millisecond, 150 * time.Millisecond} {
+			m.setAllLatency(latency, latency/2)
+			time.Sleep(time.Second)
+			global, regional := m.closedLoop(ctx, 8, 3*time.Second)
+			pg, pr := percentile(global, 0.99), percentile(regional, 0.99)
+			t.Logf("fast: one-way latency %v ± %v: p99 of decisions on a global key %v, on a regional key %v (%.2f×), %d and %d decisions",
+				latency, latency/2, pg, pr, float64(pg)/float64(pr), len(global), len(regional))
+			// Reported, not asserted (a timed assertion on a shared machine would be noise): that
+			// no decision waits on the link is what the partitions below assert.
+			if len(global) == 0 || len(regional) == 0 {
+				t.Errorf("latency %v: %d global and %d regional decisions answered", latency, len(global), len(regional))
+			}
+		}
+		m.setAllLatency(50*time.Millisecond, 25*time.Millisecond)
+	})
+
+	t.Run("partitions", func(t *testing.T) {
+		rec := &recorder{}
+		cuts := []time.Duration{m.lease / 3, m.lease, 3 * m.lease}
+		total := 3 * time.Second
+		for _, c := range cuts {
+			total += c + 3*time.Second
+		}
+		keys := []string{"part-0", "part-1"}
+		var wg sync.WaitGroup
+		for _, key := range keys {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				m.drive(ctx, rec, "user", key, func(string, time.Duration) float64 { return 1.5 * mrRate }, total)
+			}()
+		}
+		start := time.Now()
+		time.Sleep(3 * time.Second) // the keys granted first
+		type span struct{ cut, heal time.Time }
+		var spans []span
+		for _, c := range cuts {
+			m.cut("ap")
+			sp := span{cut: time.Now()}
+			time.Sleep(c)
+			m.heal("ap")
+			sp.heal = time.Now()
+			spans = append(spans, sp)
+			time.Sleep(3 * time.Second)
+		}
+		wg.Wait()
+		time.Sleep(time.Second)
+		worst := checkExact(t, rec, keys, time.Since(start))
+		t.Logf("partitions: worst (admitted − (b + r·T)): %v", worst)
+		// No decision waits on a link that is cut: every one is answered, and none fails.
+		var failed int
+		var slowest time.Duration
+		for _, key := range keys {
+			for _, d := range rec.of(key) {
+				if d.err {
+					failed++
+				}
+				slowest = max(slowest, d.got.Sub(d.sent))
+			}
+		}
+		t.Logf("partitions: slowest decision %v, %d failed", slowest, failed)
+		if failed > 0 {
+			t.Errorf("%d decisions failed while a region was cut off", failed)
+		}
+		for i, sp := range spans {
+			in := func(d decision, from, to time.Time) bool { return !d.sent.Before(from) && d.sent.Before(to) }
+			var cutAdm, othersDuring, apAfter float64
+			for _, key := range keys {
+				for _, d := range rec.of(key) {
+					switch {
+					case !d.ok:
+					case d.region == "ap" && in(d, sp.cut, sp.heal):
+						cutAdm++
+					case d.region != "ap" && in(d, sp.cut, sp.heal):
+						othersDuring++
+					case d.region == "ap" && in(d, sp.heal, sp.heal.Add(3*time.Second)):
+						apAfter++
+					}
+				}
+			}
+			secs := sp.heal.Sub(sp.cut).Seconds()
+			// Converged: ap admits at least 0.8 of its even share (r/3) in a 500 ms window.
+			converged := time.Duration(-1)
+			for at := sp.heal; at.Before(sp.heal.Add(3 * time.Second)); at = at.Add(50 * time.Millisecond) {
+				n := 0.0
+				for _, key := range keys {
+					for _, d := range rec.of(key) {
+						if d.ok && d.region == "ap" && in(d, at, at.Add(500*time.Millisecond)) {
+							n++
+						}
+					}
+				}
+				if n/2 >= 0.8*mrRate/3*0.5 {
+					converged = at.Sub(sp.heal)
+					break
+				}
+			}
+			t.Logf("partitions: ap cut for %v: ap admitted %.1f/s per key during the cut, the others %.1f/s; after the heal ap %.1f/s per key over 3 s, back to 0.8 of r/3 after %v (-1: not within 3 s) (r = %d/s)",
+				cuts[i], cutAdm/secs/2, othersDuring/secs/2, apAfter/3/2, converged, mrRate)
+		}
+	})
+
+	t.Run("coordination store restarted", func(t *testing.T) {
+		rec := &recorder{}
+		const run = 12 * time.Second
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			m.drive(ctx, rec, "user", "restart", func(string, time.Duration) float64 { return 1.5 * mrRate }, run)
+		}()
+		go func() {
+			defer wg.Done()
+			time.Sleep(2 * time.Second)
+			m.global.Kill()
+			time.Sleep(2 * time.Second)
+			m.global.Start() // empty: its data is lost
+			time.Sleep(m.lease + 2*time.Second)
+			// A key first asked for after the restart is granted again.
+			m.drive(ctx, rec, "user", "after-restart", func(r string, _ time.Duration) float64 {
+				if r == "us" {
+					return 2 * mrRate
+				}
+				return 0
+			}, run-4*time.Second-m.lease-2*time.Second)
+		}()
+		wg.Wait()
+		time.Sleep(time.Second)
+		worst := checkExact(t, rec, []string{"restart", "after-restart"}, run)
+		var failed, admittedAfter int
+		for _, d := range rec.of("restart") {
+			if d.err {
+				failed++
+			}
+		}
+		for _, d := range rec.of("after-restart") {
+			if d.err {
+				failed++
+			}
+			if d.ok {
+				admittedAfter++
+			}
+		}
+		t.Logf("store restarted: worst (admitted − (b + r·T)) %v; %d decisions failed; a key first asked for after the restart admitted %d",
+			worst, failed, admittedAfter)
+		if failed > 0 {
+			t.Errorf("%d decisions failed while the coordination store was down or empty", failed)
+		}
+		if admittedAfter == 0 {
+			t.Errorf("no share was granted after the coordination store restarted")
+		}
+	})
+}
+
+func firstSent(ds []decision) time.Time {
+	var first time.Time
+	for _, d := range ds {
+		if first.IsZero() || d.sent.Before(first) {
+			first = d.sent
+		}
+	}
+	return first
+}
+
+func (m *multiRegion) setAllLatency(latency, jitter time.Duration) {
+	for _, region := range m.regions {
+		m.setLatency(region, latency, jitter)
+	}
+}
+
+// closedLoop runs clients workers per region, each alternating a global key and a regional
+// one as fast as answers come, for d, and returns the latencies of each.
+func (m *multiRegion) closedLoop(ctx context.Context, clients int, d time.Duration) (global, regional []time.Duration) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	end := time.Now().Add(d)
+	for _, region := range m.regions {
+		for w := range clients {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				c := m.clients[region][w%len(m.clients[region])]
+				for i := 0; time.Now().Before(end) && ctx.Err() == nil; i++ {
+					key, list := "user", &global
+					if i%2 == 1 {
+						key, list = "local", &regional
+					}
+					start := time.Now()
+					_, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "shop", Descriptors: []*ratelimitv3.RateLimitDescriptor{
+						{Entries: []*ratelimitv3.RateLimitDescriptor_Entry{{Key: key, Value: fmt.Sprintf("fast-%d", w)}}}}})
+					if err != nil {
+						continue
+					}
+					mu.Lock()
+					*list = append(*list, time.Since(start))
+					mu.Unlock()
+				}
 			}()
 		}
 	}
 	wg.Wait()
-	time.Sleep(time.Second) // answers in flight
-	worst := map[time.Duration]float64{}
-	for _, key := range keys {
-		ds := rec.of(key)
-		for _, T := range []time.Duration{100 * time.Millisecond, time.Second, 10 * time.Second, run} {
-			e := worstExcess(ds, T)
-			if v, ok := worst[T]; !ok || e > v {
-				worst[T] = e
-			}
-			if e > 0 {
-				t.Errorf("key %s: %v window: %.0f admitted above b + r·T", key, T, e)
-			}
-		}
+	return global, regional
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
 	}
-	t.Logf("worst (admitted − (b + r·T)) over %d keys (4 patterns × 5 seeds): %v", len(keys), worst)
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(int(p*float64(len(s))), len(s)-1)]
 }

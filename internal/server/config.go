@@ -30,6 +30,7 @@ type Config struct {
 	Redis    RedisConfig
 	RLQS     RLQSConfig
 	XDS      XDSConfig
+	Stats    StatsConfig // envoyproxy/ratelimit's counters (stats.go)
 
 	Backend              string // --backend: memory or redis
 	Memory               MemoryConfig
@@ -168,7 +169,8 @@ func DefaultConfig() Config {
 			MaxTotalBuckets: rlqs.DefaultMaxTotalBuckets, MaxBucketBytes: rlqs.DefaultMaxBucketBytes,
 			MaxProxies: rlqs.DefaultMaxProxiesPerBucket, ReportBudget: rlqs.DefaultReportBudget,
 		},
-		XDS: XDSConfig{NodeID: "default", BackoffInitial: xds.DefaultBackoffInitial, BackoffMax: xds.DefaultBackoffMax},
+		Stats: StatsConfig{FlushInterval: 10 * time.Second},
+		XDS:   XDSConfig{NodeID: "default", BackoffInitial: xds.DefaultBackoffInitial, BackoffMax: xds.DefaultBackoffMax},
 
 		Backend:              "memory",
 		Memory:               MemoryConfig{MaxBytes: backend.DefaultMemoryMaxBytes},

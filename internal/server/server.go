@@ -40,6 +40,7 @@ type Server struct {
 	rlqs    *rlqs.Server // nil with --rlqs=false
 	warn    *logthrottle.Throttle
 	reg     *prometheus.Registry // every metric of this server
+	statsd  statsSetup           // envoyproxy/ratelimit's counters, OTLP metrics
 	callers *callerPolicy        // nil without --caller-policy
 
 	grpc     *grpc.Server
@@ -202,6 +203,7 @@ func (s *Server) close() {
 		s.rlqs.Close()
 	}
 	s.tracing.shutdown()
+	s.statsd.stop()
 	if s.warn != nil {
 		s.warn.Close() // what was suppressed since the last line
 	}

@@ -33,6 +33,8 @@ func (c Config) Validate() error {
 		c.validateRedis(),
 		c.XDS.validate(),
 		validateTracing(envMap(c.Env)),
+		c.Stats.validate(),
+		validateMetricExport(envMap(c.Env)),
 	)
 }
 

@@ -144,6 +144,7 @@ type Sink struct {
 	stop        chan struct{}
 	done        chan struct{}
 	once        sync.Once
+	started     bool
 	failed      bool // the last send failed: logged once until one succeeds
 }
 
@@ -160,8 +161,9 @@ func NewSink(cfg Config, store *Store, g prometheus.Gatherer, log *slog.Logger) 
 		last: map[*Series][nCounters]uint64{}, stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
-// Start flushes every interval until Stop.
+// Start flushes every interval until Stop; call it once at most.
 func (s *Sink) Start() {
+	s.started = true
 	go func() {
 		defer close(s.done)
 		t := time.NewTicker(s.cfg.Interval)
@@ -181,7 +183,9 @@ func (s *Sink) Start() {
 func (s *Sink) Stop() {
 	s.once.Do(func() {
 		close(s.stop)
-		<-s.done
+		if s.started {
+			<-s.done
+		}
 		s.Flush()
 		s.conn.Close()
 	})

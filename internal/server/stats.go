@@ -1,6 +1,7 @@
 package server
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -61,6 +62,8 @@ type statsSetup struct {
 	sink     *statsd.Sink
 	gatherer prometheus.Gatherer // what /metrics, --metrics-addr and OTLP serve
 	meters   *sdkmetric.MeterProvider
+	// flushTimeout bounds the last OTLP export at stop (0: 5s, as tracing's).
+	flushTimeout time.Duration
 }
 
 // buildStats keeps envoyproxy/ratelimit's counters when a statsd address or its Prometheus names
@@ -112,7 +115,7 @@ func (st *statsSetup) stop() {
 		st.sink.Stop()
 	}
 	if st.meters != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		ctx, cancel := context.WithTimeout(context.Background(), cmp.Or(st.flushTimeout, 5*time.Second))
 		defer cancel()
 		_ = st.meters.Shutdown(ctx)
 	}

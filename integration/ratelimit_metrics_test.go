@@ -34,6 +34,9 @@ var statsdExporter struct {
 // builds it there), else built here once per test process with go install.
 func statsdExporterBinary(t *testing.T) string {
 	t.Helper()
+	if script, err := os.ReadFile(filepath.Join(repoRoot(), "scripts", "test")); err != nil || !strings.Contains(string(script), "statsd_exporter@"+statsdExporterVersion+"\n") {
+		t.Errorf("scripts/test does not install statsd_exporter@%s, the version this test builds (%v)", statsdExporterVersion, err)
+	}
 	if p := os.Getenv("RLS_TEST_STATSD_EXPORTER"); p != "" {
 		return p
 	}

@@ -148,16 +148,17 @@ type Sink struct {
 	failed      bool // the last send failed: logged once until one succeeds
 }
 
-// NewSink opens the UDP socket to cfg.Addr; Start sends.
+// NewSink returns a Sink that sends to cfg.Addr; Start sends. The address is resolved at the
+// first flush, and at each flush after until it resolves: a statsd server whose name does not
+// resolve yet (a sidecar or Service not up) costs counts, not the start.
 func NewSink(cfg Config, store *Store, g prometheus.Gatherer, log *slog.Logger) (*Sink, error) {
 	if cfg.Interval <= 0 {
 		return nil, errors.New("statsd: the flush interval must be positive")
 	}
-	conn, err := net.Dial("udp", cfg.Addr)
-	if err != nil {
+	if _, _, err := net.SplitHostPort(cfg.Addr); err != nil {
 		return nil, fmt.Errorf("statsd %s: %w", cfg.Addr, err)
 	}
-	return &Sink{cfg: cfg, store: store, gath: g, log: log, conn: conn,
+	return &Sink{cfg: cfg, store: store, gath: g, log: log,
 		last: map[*Series][nCounters]uint64{}, stop: make(chan struct{}), done: make(chan struct{})}, nil
 }
 
@@ -187,7 +188,9 @@ func (s *Sink) Stop() {
 			<-s.done
 		}
 		s.Flush()
-		s.conn.Close()
+		if s.conn != nil {
+			s.conn.Close()
+		}
 	})
 }
 
@@ -199,18 +202,20 @@ func (s *Sink) Flush() {
 		if len(pkt) == 0 {
 			return
 		}
+		if s.conn == nil {
+			c, err := net.Dial("udp", s.cfg.Addr)
+			if err != nil {
+				s.report(err)
+				pkt = pkt[:0]
+				return
+			}
+			s.conn = c
+		}
 		// A UDP write does not wait for the server; a short deadline still bounds a socket
 		// buffer that is full.
 		_ = s.conn.SetWriteDeadline(time.Now().Add(100 * time.Millisecond))
 		_, err := s.conn.Write(pkt)
-		switch {
-		case err != nil && !s.failed:
-			s.failed = true
-			s.log.Warn("statsd: sending failed; counters go on being sent every interval", "addr", s.cfg.Addr, "err", err)
-		case err == nil && s.failed:
-			s.failed = false
-			s.log.Info("statsd: sending again", "addr", s.cfg.Addr)
-		}
+		s.report(err)
 		pkt = pkt[:0]
 	}
 	add := func(name string, delta uint64, tagged bool) {
@@ -246,6 +251,18 @@ func (s *Sink) Flush() {
 		}
 	}
 	send()
+}
+
+// report logs the first failure to send, and the first success after failures.
+func (s *Sink) report(err error) {
+	switch {
+	case err != nil && !s.failed:
+		s.failed = true
+		s.log.Warn("statsd: sending failed; counters go on being sent every interval", "addr", s.cfg.Addr, "err", err)
+	case err == nil && s.failed:
+		s.failed = false
+		s.log.Info("statsd: sending again", "addr", s.cfg.Addr)
+	}
 }
 
 // line is one counter's statsd line.

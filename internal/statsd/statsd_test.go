@@ -274,3 +274,19 @@ func TestSinkDownBlocksNothing(t *testing.T) {
 		t.Errorf("total_hits summed over series: %d, want 16000", total)
 	}
 }
+
+// TestSinkUnresolvedName: a statsd server whose name does not resolve does not keep the sink from
+// being made, nor a flush from ending; counts go on being kept.
+func TestSinkUnresolvedName(t *testing.T) {
+	st := NewStore(0, 0)
+	s, err := NewSink(Config{Addr: "statsd.invalid:8125", Interval: time.Hour}, st, nil, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.Count(service.StatsDecision{Domain: "d", Rule: &descriptors.Rule{Domain: "d", Path: "k"}, Entries: entries("k", "v"), Hits: 1})
+	s.Flush()
+	s.Stop()
+	if got := st.Series()[0].Value("total_hits"); got != 1 {
+		t.Errorf("total_hits = %d, want 1", got)
+	}
+}

@@ -36,13 +36,14 @@ func serveGroup(name string) string {
 		return "failure"
 	case "region":
 		return "regions"
-	case "debug", "debug-addr", "metrics-addr", "metrics-path", "near-limit-ratio", "detailed-metric-values":
+	case "debug", "debug-addr", "metrics-addr", "metrics-path", "near-limit-ratio", "detailed-metric-values",
+		"ratelimit-metrics":
 		return "observability"
 	}
 	for _, p := range []struct{ prefix, group string }{
 		{"grpc-tls-", "listeners"}, {"http-", "clients"}, {"max-", "clients"}, {"config", "rules"}, {"xds-", "rules"},
 		{"response-header-", "rules"}, {"redis-", "state"}, {"rlqs", "rlqs"}, {"log-", "observability"},
-		{"global-", "regions"},
+		{"global-", "regions"}, {"statsd-", "observability"},
 	} {
 		if strings.HasPrefix(name, p.prefix) {
 			return p.group

@@ -95,6 +95,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, ratelimitEnv *bool) {
 	fs.StringVar(&c.HeaderNames.Limit, "response-header-limit", c.HeaderNames.Limit, "--response-headers legacy: name of the limit header")
 	fs.StringVar(&c.HeaderNames.Remaining, "response-header-remaining", c.HeaderNames.Remaining, "--response-headers legacy: name of the remaining header")
 	fs.StringVar(&c.HeaderNames.Reset, "response-header-reset", c.HeaderNames.Reset, "--response-headers legacy: name of the reset header")
+	statsFlags(fs, &c.Stats)
 	fs.BoolVar(ratelimitEnv, "ratelimit-env", *ratelimitEnv, "read envoyproxy/ratelimit's environment variables (REDIS_URL, RUNTIME_ROOT, CONFIG_TYPE...) when they are set; flags and RLS_* variables win over them")
 	grpcConnFlags(fs, &c.GRPC)
 	redisFlags(fs, &c.Redis)
@@ -136,4 +137,14 @@ func readRatelimitEnv(fs *flag.FlagSet, env []string, re *server.RatelimitEnv) e
 		re.Applied = append(re.Applied, st)
 	}
 	return nil
+}
+
+// statsFlags registers the flags of envoyproxy/ratelimit's counters (server.StatsConfig).
+func statsFlags(fs *flag.FlagSet, c *server.StatsConfig) {
+	fs.BoolVar(&c.RatelimitNames, "ratelimit-metrics", c.RatelimitNames, "also serve envoyproxy/ratelimit's Prometheus series, as its default statsd mapper names them (ratelimit_service_rate_limit_total_hits{domain,key1,key2}, ...), on /metrics and --metrics-addr")
+	fs.StringVar(&c.StatsdAddr, "statsd-addr", c.StatsdAddr, "send envoyproxy/ratelimit's statsd counters (ratelimit.service.rate_limit.DOMAIN.KEY.total_hits, ...) to this host:port over UDP every --statsd-flush-interval (empty: none)")
+	fs.DurationVar(&c.FlushInterval, "statsd-flush-interval", c.FlushInterval, "--statsd-addr: how often the counters that changed are sent")
+	fs.BoolVar(&c.DogStatsD, "statsd-dogstatsd", c.DogStatsD, "--statsd-addr: send DogStatsD, tags as |#name:value, renamed by --statsd-mogrifiers")
+	fs.StringVar(&c.Tags, "statsd-tags", c.Tags, "--statsd-addr: tags added to every ratelimit.* counter, name:value,name:value (DogStatsD tags, else .__name=value in the name as envoyproxy/ratelimit sends them)")
+	fs.StringVar(&c.Mogrifiers, "statsd-mogrifiers", c.Mogrifiers, `--statsd-dogstatsd: counters renamed and tagged, the first whose pattern matches, as a JSON list [{"pattern":"^ratelimit\\.service\\.rate_limit\\.(.*)\\.total_hits$","name":"ratelimit.hits","tags":{"key":"$1"}}]`)
 }

@@ -2,11 +2,13 @@ package ratelimitenv
 
 import (
 	"cmp"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/url"
 	"path"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -761,11 +763,20 @@ func (r *reader) grpcTLS() {
 
 var statsdVars = []string{
 	"USE_STATSD", "STATSD_HOST", "STATSD_PORT", "USE_DOG_STATSD", "USE_DOG_STATSD_MOGRIFIERS",
-	"EXTRA_TAGS", "STATS_FLUSH_INTERVAL", "DISABLE_STATS",
+	"EXTRA_TAGS", "STATS_FLUSH_INTERVAL",
 }
 
+// metrics translates where envoyproxy/ratelimit's counters go: its Prometheus listener with
+// USE_PROMETHEUS (rls's own metrics there too, and its series as the default mapper names them),
+// statsd with USE_STATSD (its default, but beside USE_PROMETHEUS, which envoyproxy/ratelimit
+// refuses to start with) or DogStatsD with USE_DOG_STATSD; none with DISABLE_STATS.
 func (r *reader) metrics() {
-	if r.boolean("USE_PROMETHEUS", false) {
+	disabled := r.boolean("DISABLE_STATS", false)
+	if !disabled {
+		r.notice("DISABLE_STATS", "false: envoyproxy/ratelimit's counters go where USE_STATSD, USE_DOG_STATSD and USE_PROMETHEUS say, as in envoyproxy/ratelimit")
+	}
+	prom := r.boolean("USE_PROMETHEUS", false)
+	if prom {
 		addr := r.str("PROMETHEUS_ADDR", ":9090")
 		if _, _, err := net.SplitHostPort(addr); err != nil {
 			r.fail("PROMETHEUS_ADDR", "want [host]:port")
@@ -778,20 +789,116 @@ func (r *reader) metrics() {
 		} else {
 			r.set("metrics-path", p, "PROMETHEUS_PATH")
 		}
+		if !disabled {
+			r.set("ratelimit-metrics", "true", "USE_PROMETHEUS")
+		}
 	} else {
 		r.accounted["USE_PROMETHEUS"] = true
 		r.noticeAll("USE_PROMETHEUS is not true: no separate metrics listener; rls serves Prometheus metrics on --http-addr at /metrics anyway",
 			"PROMETHEUS_ADDR", "PROMETHEUS_PATH")
 	}
-	r.noticeAll("rls sends no statsd: it exports Prometheus metrics on --http-addr at /metrics (and on PROMETHEUS_ADDR with USE_PROMETHEUS=true); its metric names are its own (rls_decisions_total, ...)",
-		statsdVars...)
+	plain := r.boolean("USE_STATSD", !prom)
+	dog := r.boolean("USE_DOG_STATSD", false)
+	switch {
+	case disabled:
+		r.note("DISABLE_STATS", "rls sends no statsd and serves none of envoyproxy/ratelimit's series; its own metrics stay on --http-addr at /metrics")
+		r.noticeAll("DISABLE_STATS is true: not used", statsdVars...)
+	case plain || dog:
+		host := r.str("STATSD_HOST", "localhost")
+		port := r.integer("STATSD_PORT", 8125, 1, 65535)
+		r.set("statsd-addr", net.JoinHostPort(strings.Trim(host, "[]"), strconv.FormatInt(port, 10)), "USE_STATSD", "USE_DOG_STATSD", "STATSD_HOST", "STATSD_PORT")
+		if r.has("USE_STATSD") && plain && !dog {
+			r.note("USE_STATSD", "rls sends statsd over UDP, where envoyproxy/ratelimit's statsd sink uses TCP: statsd_exporter and most statsd servers take both on the same port")
+		}
+		if d := r.duration("STATS_FLUSH_INTERVAL", 10*time.Second); d > 0 {
+			r.set("statsd-flush-interval", d.String(), "STATS_FLUSH_INTERVAL")
+		} else {
+			r.fail("STATS_FLUSH_INTERVAL", "want a duration above 0")
+		}
+		if v, ok := r.get("EXTRA_TAGS"); ok {
+			if tags, ok := envconfigMap(v); ok {
+				r.set("statsd-tags", tags, "EXTRA_TAGS")
+			} else {
+				r.fail("EXTRA_TAGS", "want name:value,name:value")
+			}
+		}
+		if dog {
+			r.set("statsd-dogstatsd", "true", "USE_DOG_STATSD")
+			r.mogrifiers()
+		} else {
+			r.noticeAll("USE_DOG_STATSD is not true: not used, as in envoyproxy/ratelimit", "USE_DOG_STATSD_MOGRIFIERS")
+		}
+	default:
+		r.noticeAll("USE_STATSD and USE_DOG_STATSD are not true: rls sends no statsd, as envoyproxy/ratelimit", statsdVars...)
+	}
 	for _, k := range r.present {
 		if strings.HasPrefix(k, mogrifierPrefix) {
-			r.notice(k, "rls sends no dogstatsd: its Prometheus metrics carry domain and rule labels")
+			r.notice(k, "not a mogrifier USE_DOG_STATSD_MOGRIFIERS names with USE_DOG_STATSD=true: not used, as in envoyproxy/ratelimit")
 		}
 	}
-	r.notice("PROMETHEUS_MAPPER_YAML", "rls's metrics are Prometheus-native with their own names and labels: no statsd mapping applies")
+	r.notice("PROMETHEUS_MAPPER_YAML", "rls serves envoyproxy/ratelimit's series as its default mapper names them "+
+		"(ratelimit_service_rate_limit_total_hits{domain,key1,key2}, ...); this file is not read")
 	r.notice("PROMETHEUS_RESPONSE_TIME_AS_MILLISECONDS", "rls's durations are histograms in seconds, as Prometheus names them (rls_backend_request_duration_seconds)")
+}
+
+// mogrifiers translates USE_DOG_STATSD_MOGRIFIERS and each named mogrifier's
+// DOG_STATSD_MOGRIFIER_<NAME>_PATTERN, _NAME and _TAGS into --statsd-mogrifiers' JSON.
+func (r *reader) mogrifiers() {
+	v, ok := r.get("USE_DOG_STATSD_MOGRIFIERS")
+	if !ok {
+		return
+	}
+	type mog struct {
+		Pattern string            `json:"pattern"`
+		Name    string            `json:"name"`
+		Tags    map[string]string `json:"tags,omitempty"`
+	}
+	var ms []mog
+	from := []string{"USE_DOG_STATSD_MOGRIFIERS"}
+	for _, name := range strings.Split(v, ",") {
+		name = strings.ToUpper(strings.TrimSpace(name))
+		if name == "" {
+			continue
+		}
+		pre := mogrifierPrefix + name + "_"
+		m := mog{Pattern: r.str(pre+"PATTERN", ""), Name: r.str(pre+"NAME", "")}
+		if m.Pattern == "" || m.Name == "" {
+			r.fail("USE_DOG_STATSD_MOGRIFIERS", fmt.Sprintf("mogrifier %s needs %sPATTERN and %sNAME", name, pre, pre))
+			continue
+		}
+		if _, err := regexp.Compile(m.Pattern); err != nil {
+			r.fail(pre+"PATTERN", "want a regular expression: "+err.Error())
+			continue
+		}
+		if t, ok := r.get(pre + "TAGS"); ok {
+			m.Tags = map[string]string{}
+			for _, item := range strings.Split(t, ",") {
+				k, val, ok := strings.Cut(item, ":")
+				if !ok || k == "" || val == "" {
+					r.fail(pre+"TAGS", "want name:value,name:value")
+					break
+				}
+				m.Tags[k] = val
+			}
+		}
+		ms = append(ms, m)
+		from = append(from, pre+"PATTERN", pre+"NAME", pre+"TAGS")
+	}
+	if len(ms) == 0 {
+		return
+	}
+	b, _ := json.Marshal(ms)
+	r.set("statsd-mogrifiers", string(b), from...)
+}
+
+// envconfigMap checks envconfig's map syntax, name:value,name:value, and returns it as given.
+func envconfigMap(v string) (string, bool) {
+	for _, item := range strings.Split(v, ",") {
+		if k, _, ok := strings.Cut(item, ":"); !ok || k == "" {
+			return "", false
+		}
+	}
+	return v, true
 }
 
 func (r *reader) headers() {

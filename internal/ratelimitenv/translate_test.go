@@ -218,6 +218,8 @@ func TestEnvoyGateway(t *testing.T) {
 		{"grpc-tls-client-ca", "/certs/ca.crt", "GRPC_SERVER_TLS_CA_CERT"},
 		{"grpc-max-connection-age", "24h0m0s", "default of GRPC_MAX_CONNECTION_AGE"},
 		{"grpc-max-connection-age-grace", "1h0m0s", "default of GRPC_MAX_CONNECTION_AGE_GRACE"},
+		{"statsd-addr", "localhost:9125", "USE_STATSD, STATSD_PORT"},
+		{"statsd-flush-interval", "10s", "default of STATS_FLUSH_INTERVAL"},
 	}
 	if !reflect.DeepEqual(res.Settings, want) {
 		t.Errorf("settings:\n got %v\nwant %v", res.Settings, want)
@@ -227,7 +229,7 @@ func TestEnvoyGateway(t *testing.T) {
 		noticed = append(noticed, n.Var)
 	}
 	wantNoticed := []string{"RUNTIME_ROOT", "RUNTIME_SUBDIRECTORY", "RUNTIME_IGNOREDOTFILES", "RUNTIME_WATCH_ROOT",
-		"USE_STATSD", "STATSD_PORT"}
+		"USE_STATSD"}
 	if !reflect.DeepEqual(noticed, wantNoticed) {
 		t.Errorf("notices for %v, want %v", noticed, wantNoticed)
 	}
@@ -367,7 +369,9 @@ func TestNotices(t *testing.T) {
 		{"per second", []string{"REDIS_PERSECOND=true", "REDIS_PERSECOND_URL=r2:6379", "REDIS_PERSECOND_AUTH=secret"},
 			map[string]string{"REDIS_PERSECOND": "the one Redis", "REDIS_PERSECOND_URL": "the one Redis", "REDIS_PERSECOND_AUTH": "the one Redis"}},
 		{"memcache vars with redis", []string{"MEMCACHE_HOST_PORT=m:11211"}, map[string]string{"MEMCACHE_HOST_PORT": "no memcache backend"}},
-		{"statsd", []string{"USE_STATSD=true", "STATSD_HOST=s", "DOG_STATSD_MOGRIFIER_X_PATTERN=p"}, map[string]string{"USE_STATSD": "Prometheus", "STATSD_HOST": "Prometheus", "DOG_STATSD_MOGRIFIER_X_PATTERN": "dogstatsd"}},
+		{"statsd", []string{"USE_STATSD=true", "STATSD_HOST=s", "DOG_STATSD_MOGRIFIER_X_PATTERN=p"}, map[string]string{"USE_STATSD": "UDP", "DOG_STATSD_MOGRIFIER_X_PATTERN": "not used"}},
+		{"statsd off", []string{"USE_STATSD=false", "STATSD_HOST=s", "EXTRA_TAGS=a:b"}, map[string]string{"STATSD_HOST": "sends no statsd", "EXTRA_TAGS": "sends no statsd"}},
+		{"stats disabled", []string{"USE_STATSD=true", "DISABLE_STATS=true"}, map[string]string{"DISABLE_STATS": "sends no statsd", "USE_STATSD": "not used"}},
 		{"pipeline", []string{"USE_STATSD=true", "REDIS_PIPELINE_WINDOW=150us", "REDIS_PIPELINE_LIMIT=8"}, map[string]string{"REDIS_PIPELINE_WINDOW": "--redis-coalesce", "REDIS_PIPELINE_LIMIT": "--redis-coalesce"}},
 		{"stop increment", []string{"USE_STATSD=true", "STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=false"}, map[string]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT": "never charges a denied request"}},
 		{"tracing", []string{"USE_STATSD=true", "TRACING_ENABLED=true"}, map[string]string{"TRACING_ENABLED": "OTEL_EXPORTER_OTLP_ENDPOINT"}},

@@ -54,7 +54,7 @@ func New(ctx context.Context, c Config, stderr io.Writer) (_ *Server, err error)
 	// The watchers start once everything a reload touches (the service, readiness) is built: a
 	// reload runs on the watcher's goroutine, at once for a SIGHUP that came while rls started.
 	for _, step := range []func(context.Context) error{
-		s.loadRules, s.startTracing, s.connectBackends, s.buildService, s.buildGRPC, s.buildHTTP, s.watchRules, s.listen,
+		s.loadRules, s.startTracing, s.connectBackends, s.buildStats, s.buildService, s.buildGRPC, s.buildHTTP, s.watchRules, s.listen,
 	} {
 		if err := step(ctx); err != nil {
 			return nil, err
@@ -138,6 +138,7 @@ func (s *Server) buildService(context.Context) (err error) {
 		Overrides:           overrides,
 		Authorize:           s.callers.authorizer(),
 		MaxNewKeysPerCaller: c.Bounds.MaxNewKeysPerCaller, Warnings: s.warn,
+		Stats: s.statsd.serviceStats(),
 	})
 	return err
 }
@@ -215,13 +216,13 @@ func (s *Server) buildHTTP(context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.http = c.HTTP.server(mountKeys(mainMux(s.svc, s.ready, s.reg), s.svc, token, s.log, s.warn))
+	s.http = c.HTTP.server(mountKeys(mainMux(s.svc, s.ready, s.statsd.gatherer, s.reg), s.svc, token, s.log, s.warn))
 	if c.Debug.Addr != "" {
 		s.debug = c.HTTP.debugServer(debugMux(s.svc, s.rlqs, c.Debug.Pprof))
 	}
 	if c.Metrics.Addr != "" {
 		mux := http.NewServeMux()
-		mux.Handle("GET "+c.Metrics.Path, promhttp.HandlerFor(s.reg, promhttp.HandlerOpts{Registry: s.reg}))
+		mux.Handle("GET "+c.Metrics.Path, promhttp.HandlerFor(s.statsd.gatherer, promhttp.HandlerOpts{Registry: s.reg}))
 		s.metrics = c.HTTP.server(mux)
 	}
 	return nil

@@ -32,6 +32,7 @@ type Config struct {
 	RLQS     RLQSConfig
 	XDS      XDSConfig
 	Regions  RegionsConfig
+	Stats    StatsConfig // envoyproxy/ratelimit's counters (stats.go)
 
 	Backend              string // --backend: memory or redis
 	Memory               MemoryConfig
@@ -170,7 +171,8 @@ func DefaultConfig() Config {
 			MaxTotalBuckets: rlqs.DefaultMaxTotalBuckets, MaxBucketBytes: rlqs.DefaultMaxBucketBytes,
 			MaxProxies: rlqs.DefaultMaxProxiesPerBucket, ReportBudget: rlqs.DefaultReportBudget,
 		},
-		XDS: XDSConfig{NodeID: "default", BackoffInitial: xds.DefaultBackoffInitial, BackoffMax: xds.DefaultBackoffMax},
+		Stats: StatsConfig{FlushInterval: 10 * time.Second},
+		XDS:   XDSConfig{NodeID: "default", BackoffInitial: xds.DefaultBackoffInitial, BackoffMax: xds.DefaultBackoffMax},
 		Regions: RegionsConfig{
 			Safe: regions.SafeZero.String(), Interval: regions.DefaultInterval, Lease: regions.DefaultLease,
 			TableLease: regions.DefaultTableLease, Margin: regions.DefaultMargin,

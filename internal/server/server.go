@@ -43,6 +43,7 @@ type Server struct {
 	regions *regions.Node // nil without --region
 	warn    *logthrottle.Throttle
 	reg     *prometheus.Registry // every metric of this server
+	statsd  statsSetup           // envoyproxy/ratelimit's counters, OTLP metrics
 	callers *callerPolicy        // nil without --caller-policy
 
 	grpc     *grpc.Server
@@ -208,6 +209,7 @@ func (s *Server) close() {
 		s.rlqs.Close()
 	}
 	s.tracing.shutdown()
+	s.statsd.stop()
 	if s.warn != nil {
 		s.warn.Close() // what was suppressed since the last line
 	}

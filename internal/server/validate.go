@@ -34,6 +34,8 @@ func (c Config) Validate() error {
 		c.XDS.validate(),
 		c.validateRegions(),
 		validateTracing(envMap(c.Env)),
+		c.Stats.validate(),
+		validateMetricExport(envMap(c.Env)),
 	)
 }
 

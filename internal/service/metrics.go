@@ -307,7 +307,7 @@ func (m *Metrics) inflightShed() {
 }
 
 // record counts the decision of descriptor d, matched to r, whose deciding item is it.
-func (s *Service) record(d *ratelimitv3.RateLimitDescriptor, r *descriptors.Rule, w *work, it *item) {
+func (s *Service) record(domain string, d *ratelimitv3.RateLimitDescriptor, r *descriptors.Rule, w *work, it *item) {
 	m := s.metrics
 	var c *ruleCounters
 	if r != nil && (r.DetailedMetric || r.ValueToMetric) {
@@ -318,14 +318,18 @@ func (s *Service) record(d *ratelimitv3.RateLimitDescriptor, r *descriptors.Rule
 				"domain", r.Domain, "rule", r.Path, "cap", s.detailedMax, "label", r.Path+overflowSuffix)
 		}
 	} else {
-		domain := ""
+		ruleDomain := ""
 		if r != nil {
-			domain = r.Domain
+			ruleDomain = r.Domain
 		}
-		c = m.counters(r, it.limit, domain)
+		c = m.counters(r, it.limit, ruleDomain)
 	}
+	o := s.outcome(it)
 	c.hits.Add(float64(it.req.Cost))
-	c.outcome[s.outcome(it)].Inc()
+	c.outcome[o].Inc()
+	if s.stats != nil {
+		s.countStats(domain, d, r, it, o)
+	}
 }
 
 // outcome classifies an item's decision.
@@ -364,7 +368,7 @@ func (s *Service) recordFailed(req *rlsv3.RateLimitRequest, w *work) {
 	for k := range w.items {
 		if i := w.items[k].desc; i != seen {
 			seen = i
-			s.record(req.Descriptors[i], w.descs[i].rule, w, &w.items[k])
+			s.record(req.Domain, req.Descriptors[i], w.descs[i].rule, w, &w.items[k])
 		}
 	}
 }

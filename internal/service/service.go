@@ -52,6 +52,8 @@ type Options struct {
 	Metrics *Metrics
 	// Tracer, when set, wraps each backend call in a span.
 	Tracer trace.Tracer
+	// Stats, when set with Metrics, is told each descriptor decision too (stats.go).
+	Stats Stats
 	// DetailedMetricValues caps the distinct label values that one detailed_metric or
 	// value_to_metric rule may add to the metrics (0: DefaultDetailedMetricValues). Such labels
 	// carry raw descriptor values (user ids, addresses) onto /metrics, and every value is a
@@ -103,6 +105,7 @@ type Service struct {
 	localBackend backend.Backend
 	metrics      *Metrics
 	tracer       trace.Tracer
+	stats        Stats
 	pool         sync.Pool // *work
 	detailedMax  int
 	headerNames  LegacyHeaderNames
@@ -140,7 +143,7 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 		return nil, errors.New("service: DetailedMetricValues must be ≥ 0")
 	}
 	s := &Service{backend: opts.Backend, log: opts.Logger, headers: opts.Headers, failure: opts.FailureMode,
-		localBackend: opts.Local, metrics: opts.Metrics, tracer: opts.Tracer,
+		localBackend: opts.Local, metrics: opts.Metrics, tracer: opts.Tracer, stats: opts.Stats,
 		detailedMax: cmp.Or(opts.DetailedMetricValues, DefaultDetailedMetricValues),
 		headerNames: opts.LegacyHeaderNames.withDefaults(), shadowAll: opts.ShadowMode, quotaAll: opts.QuotaMode,
 		maxInflight: opts.MaxInflightBytes, maxJSON: cmp.Or(opts.MaxJSONBytes, DefaultMaxRequestBytes),
@@ -469,7 +472,7 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 		}
 		it := &w.items[best]
 		if s.metrics != nil {
-			s.record(req.Descriptors[i], r, w, it)
+			s.record(req.Domain, req.Descriptors[i], r, w, it)
 		}
 		if it.via == FailAllow && it.dec.Allowed {
 			// Admitted without a decision: no limit or remaining to report, so that Envoy's

@@ -86,9 +86,14 @@ func TestDashboardAndAlertsOnPrometheus(t *testing.T) {
 		"--redis-key-prefix", prefix, "--failure-mode", "allow")
 	cluster := startRLS(t, nil, "--config", redisRules, "--backend", "redis",
 		"--redis-url", redistest.URL(t, redistest.ClusterEnv), "--redis-key-prefix", prefix)
-	procs := []*rlsProc{mem, single, cluster}
+	// One region of limits across regions, its domain global, with a coordination store.
+	regional := startRLS(t, nil, "--config", redisRules, "--backend", "redis", "--redis-url", redistest.Start(t).URL(),
+		"--region", "eu", "--global-url", redistest.Start(t).URL(), "--global-domains", "dash", "--global-regions", "1",
+		"--global-interval", "200ms")
+	procs := []*rlsProc{mem, single, cluster, regional}
 
-	prom := startPrometheus(t, promBin, filepath.Join(root, alertsFile), mem.HTTPAddr, single.HTTPAddr, cluster.HTTPAddr)
+	prom := startPrometheus(t, promBin, filepath.Join(root, alertsFile), mem.HTTPAddr, single.HTTPAddr, cluster.HTTPAddr,
+		regional.HTTPAddr)
 	// Scraped once before the load, so that what the load counts is an increase: a counter's
 	// first sample is where it starts.
 	prom.await(t, `rls_config_generation{job="rls"}`, len(procs))

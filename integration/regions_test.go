@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -416,14 +417,32 @@ func TestMultiRegion(t *testing.T) {
 		time.Sleep(3 * time.Second) // the keys granted first
 		type span struct{ cut, heal time.Time }
 		var spans []span
-		for _, c := range cuts {
+		var cutOffDuring, cutOffAfter float64
+		for i, c := range cuts {
 			m.cut("ap")
 			sp := span{cut: time.Now()}
-			time.Sleep(c)
+			if i == len(cuts)-1 {
+				// Visible: the cut-off region's agent says so once its lease has ended.
+				time.Sleep(m.lease + time.Second)
+				cutOffDuring = m.metricSum(t, "ap", "rls_global_cut_off", "")
+				time.Sleep(c - m.lease - time.Second)
+			} else {
+				time.Sleep(c)
+			}
 			m.heal("ap")
 			sp.heal = time.Now()
 			spans = append(spans, sp)
 			time.Sleep(3 * time.Second)
+		}
+		cutOffAfter = m.metricSum(t, "ap", "rls_global_cut_off", "")
+		var coordinators float64
+		for _, region := range m.regions {
+			coordinators += m.metricSum(t, region, "rls_global_role", `role="coordinator"`)
+		}
+		t.Logf("partitions: rls_global_cut_off of ap %v during the long cut, %v after; %v coordinator", cutOffDuring, cutOffAfter, coordinators)
+		if cutOffDuring != 1 || cutOffAfter != 0 || coordinators != 1 {
+			t.Errorf("metrics: ap's rls_global_cut_off %v during the long cut and %v after, want 1 and 0; %v replicas coordinator, want 1",
+				cutOffDuring, cutOffAfter, coordinators)
 		}
 		wg.Wait()
 		time.Sleep(time.Second)
@@ -591,4 +610,22 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
 	return s[min(int(p*float64(len(s))), len(s)-1)]
+}
+
+// metricSum sums, over region's rls processes, the samples of metric name whose labels hold
+// label.
+func (m *multiRegion) metricSum(t *testing.T, region, name, label string) float64 {
+	var sum float64
+	for _, p := range m.rls[region] {
+		for k, v := range metricValues(t, p.HTTPAddr) {
+			if strings.HasPrefix(k, name+"{") && strings.Contains(k, label) {
+				f, err := strconv.ParseFloat(v, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				sum += f
+			}
+		}
+	}
+	return sum
 }

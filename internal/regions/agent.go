@@ -199,6 +199,13 @@ func (a *Agent) Report(now int64) Report {
 	return r
 }
 
+// Each calls f with every key the agent knows: the share applied and the demand observed.
+func (a *Agent) Each(f func(key string, applied Share, demand int64)) {
+	for key, k := range a.keys {
+		f(key, k.applied, k.demand)
+	}
+}
+
 // LeaseEnd is when the region's lease ends, on the agent's clock.
 func (a *Agent) LeaseEnd() int64 { return a.leaseEnd }
 

@@ -116,6 +116,14 @@ type Coordinator struct {
 	st  State
 	// dirty are the keys changed since TakeDirty, to be written to the store.
 	dirty map[string]bool
+	// Granted counts the grants this coordinator made.
+	Granted uint64
+}
+
+// issue grants key's share s to h's region.
+func (c *Coordinator) issue(h *Held, key string, s Share) Grant {
+	c.Granted++
+	return h.issue(&c.st, key, s)
 }
 
 // NewCoordinator returns a coordinator that continues from st (nil: from nothing).
@@ -239,7 +247,7 @@ func (c *Coordinator) Receive(now int64, r Report) {
 func (c *Coordinator) claim(kr KeyReport, h *Held, late bool) {
 	h.AckedShare = *kr.Claim
 	if late && *kr.Claim != (Share{}) {
-		h.issue(&c.st, kr.Key, Share{})
+		c.issue(h, kr.Key, Share{})
 	}
 	c.dirty[kr.Key] = true
 }
@@ -293,7 +301,7 @@ func (c *Coordinator) lapse(name string, rs *RegionState) {
 			continue
 		}
 		h.Issued = nil
-		g := h.issue(&c.st, key, safe)
+		g := c.issue(h, key, safe)
 		h.AckedShare = g.Share
 		c.dirty[key] = true
 	}
@@ -357,7 +365,7 @@ func (c *Coordinator) reallocate(key string, ks *KeyState, grow bool) {
 		h := ks.Regions[name]
 		cur := h.latest()
 		if cut := cur.min(want[i]).normal(); cut != cur && differs(cut, cur) {
-			h.issue(&c.st, key, cut)
+			c.issue(h, key, cut)
 			c.dirty[key] = true
 		}
 	}
@@ -374,7 +382,7 @@ func (c *Coordinator) reallocate(key string, ks *KeyState, grow bool) {
 		}
 		if grow != cur && differs(grow, cur) {
 			before := h.held()
-			h.issue(&c.st, key, grow)
+			c.issue(h, key, grow)
 			total = total.sub(before).add(h.held())
 			c.dirty[key] = true
 		}

@@ -91,6 +91,8 @@ type Node struct {
 
 	coord *Coordinator // only the coordinator loop's goroutine uses it
 
+	stats nodeStats
+
 	stop chan struct{}
 	done sync.WaitGroup
 }
@@ -261,6 +263,8 @@ func (n *Node) fetch(ctx context.Context) error {
 		n.viewData, n.viewVers = data, vers
 	}
 	n.viewSeq = uint64(seq)
+	n.stats.fetched.Store(max(after, 1))
+	n.stats.tableKeys.Store(int64(len(n.viewData)))
 	n.view.Store(NewView(Published{Shares: n.viewData, Versions: n.viewVers, ValidUntil: until}, storeNow, fetched,
 		n.cfg.TableLease, n.cfg.Policy))
 	return nil
@@ -330,6 +334,7 @@ func (n *Node) agentLoop() {
 		held, err := leaseScript.Run(ctx, n.cfg.Local, []string{n.keys.agent}, n.token, max(3*n.cfg.Interval, roleTTL).Milliseconds()).Int()
 		n.agentMu.Lock()
 		defer n.agentMu.Unlock()
+		defer func() { n.stats.agent.Store(n.agent != nil) }()
 		if err != nil || held == 0 {
 			if n.agent != nil {
 				n.log.Info("global shares: no longer this region's agent", "err", err)
@@ -419,6 +424,16 @@ func (n *Node) report(ctx context.Context) {
 		}
 	}
 	n.observed = seen
+	var held, demand float64
+	n.agent.Each(func(key string, applied Share, d int64) {
+		if l, ok := n.limits[key]; ok && l[2] > 0 {
+			perSecond := 1e6 / float64(l[2])
+			held += float64(applied.Rate) * perSecond
+			demand += float64(d) * perSecond
+		}
+	})
+	n.stats.held.Store(math.Float64bits(held))
+	n.stats.demand.Store(math.Float64bits(demand))
 	rep := n.agent.Report(n.mono())
 	b, err := json.Marshal(rep)
 	if err != nil {
@@ -520,6 +535,8 @@ func (n *Node) take(ctx context.Context, rep Reply) {
 		return
 	}
 	changes := n.agent.Receive(n.mono(), rep)
+	n.stats.replied.Store(n.mono())
+	n.stats.leaseEnd.Store(n.agent.LeaseEnd())
 	for _, c := range changes {
 		if c.Charge <= 0 {
 			continue
@@ -574,6 +591,7 @@ func (n *Node) coordLoop() {
 				n.log.Info("global shares: no longer the coordinator", "err", err)
 				n.coord = nil
 			}
+			n.stats.coordinator.Store(false)
 			return
 		}
 		if n.coord == nil || held == 2 {
@@ -582,10 +600,16 @@ func (n *Node) coordLoop() {
 				return
 			}
 		}
+		before := n.coord.Granted
 		if err := n.step(ctx); err != nil {
 			n.log.Warn("global shares: coordinator step", "err", err)
 			n.coord = nil // read the state again before the next step
+			n.stats.failures.Add(1)
+		} else {
+			n.stats.steps.Add(1)
+			n.stats.grants.Add(n.coord.Granted - before)
 		}
+		n.stats.coordinator.Store(n.coord != nil)
 	})
 }
 

@@ -104,6 +104,9 @@ func (s *Server) connectBackends(ctx context.Context) (err error) {
 	if s.regions, err = startRegions(s.cfg, s.be, s.log); err != nil {
 		return err
 	}
+	if s.regions != nil {
+		prometheus.WrapRegistererWith(prometheus.Labels{"region": s.cfg.Regions.Region}, s.reg).MustRegister(s.regions.Collector())
+	}
 	// The local fallback exists whatever the default, since any rule may ask for it.
 	s.local, err = backend.NewMemory(s.cfg.memoryOptions())
 	return err

@@ -2,8 +2,11 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"sort"
 	"strconv"
@@ -377,6 +380,30 @@ func TestMultiRegion(t *testing.T) {
 			admitted, admitted/(mrRate*10))
 		if admitted < 0.9*mrRate*10 {
 			t.Errorf("cold key: admitted %.0f, want at least 0.9·r·T = %.0f", admitted, 0.9*mrRate*10)
+		}
+		// /debug/explain shows the region's share of a global key.
+		resp, err := http.Post("http://"+m.rls["eu"][0].DebugAddr+"/debug/explain", "application/json",
+			strings.NewReader(`{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"cold"}]}]}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		var explained struct {
+			Descriptors []struct {
+				Limits []struct {
+					Global *struct {
+						Region string               `json:"region"`
+						Share  struct{ Rate int64 } `json:"share"`
+					} `json:"global"`
+				} `json:"limits"`
+			} `json:"descriptors"`
+		}
+		if err := json.Unmarshal(body, &explained); err != nil || len(explained.Descriptors) != 1 || len(explained.Descriptors[0].Limits) != 1 ||
+			explained.Descriptors[0].Limits[0].Global == nil || explained.Descriptors[0].Limits[0].Global.Region != "eu" {
+			t.Errorf("/debug/explain of a global key: %v %s", err, body)
+		} else {
+			t.Logf("explain: the cold key's share in eu: %+v", *explained.Descriptors[0].Limits[0].Global)
 		}
 	})
 

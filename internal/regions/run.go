@@ -704,3 +704,29 @@ func (n *Node) step(ctx context.Context) error {
 	}
 	return nil
 }
+
+// ExplainShare says what this replica applies of key, a global limit l: the region's share, of
+// which version, and whether the table has ended (the safe share applies) or is stale.
+func (n *Node) ExplainShare(key string, l limit.Limit) any {
+	type share struct {
+		Rate  int64 `json:"rate"`
+		Burst int64 `json:"burst"`
+	}
+	out := struct {
+		Region     string `json:"region"`
+		Limit      share  `json:"limit"`
+		Share      share  `json:"share"`
+		Version    uint64 `json:"version,omitempty"`
+		TableEnded bool   `json:"table_ended,omitempty"` // the region's lease ended: its safe share applies
+		Stale      bool   `json:"stale,omitempty"`       // no table fetched within --global-table-lease
+		Policy     string `json:"safe_share"`
+	}{Region: n.cfg.Region, Limit: share{l.Rate, l.Burst}, Policy: n.cfg.Policy.Safe.String()}
+	v, now := n.view.Load(), n.mono()
+	if v.Stale(now) {
+		out.Stale = true
+		return out
+	}
+	s := v.Share(key, Share{l.Rate, l.Burst}, now)
+	out.Share, out.Version, out.TableEnded = share{s.Rate, s.Burst}, v.Version(key), now >= v.until
+	return out
+}

@@ -134,7 +134,7 @@ func (s *Server) buildService(context.Context) (err error) {
 		return err
 	}
 	s.svc, err = service.New(s.rules, service.Options{
-		Backend: s.be, Logger: s.log, Headers: headers, FailureMode: s.failure, Local: s.local,
+		Backend: s.be, Logger: s.log, Headers: headers, FailureMode: s.failure, Local: s.local, Global: s.globalExplainer(),
 		Metrics: metrics, Tracer: s.tracing.tracer, DetailedMetricValues: c.DetailedMetricValues,
 		LegacyHeaderNames: c.HeaderNames, ShadowMode: c.ShadowMode, QuotaMode: c.QuotaMode,
 		MaxInflightBytes: c.Bounds.MaxInflightBytes, MaxJSONBytes: int64(c.Bounds.MaxRequestBytes),
@@ -253,4 +253,12 @@ func (s *Server) listen(ctx context.Context) (err error) {
 		}
 	}
 	return nil
+}
+
+// globalExplainer is the regions' node as the service's explainer, or nil without --region.
+func (s *Server) globalExplainer() service.GlobalExplainer {
+	if s.regions == nil {
+		return nil
+	}
+	return s.regions
 }

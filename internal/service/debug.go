@@ -12,6 +12,7 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/httpjson"
+	"github.com/rls-project/rls/internal/limit"
 )
 
 type limitJSON struct {
@@ -85,8 +86,15 @@ func (s *Service) RulesHandler() http.Handler {
 	})
 }
 
+// GlobalExplainer says what this region holds of a limit global across regions (package
+// regions), for /debug/explain.
+type GlobalExplainer interface {
+	ExplainShare(key string, l limit.Limit) any
+}
+
 type explainLimit struct {
 	limitJSON
+	Global     any    `json:"global,omitempty"` // this region's share of a global limit
 	BackendKey string `json:"backend_key"`
 	Replaced   bool   `json:"replaced,omitempty"`
 	Remaining  *int64 `json:"remaining,omitempty"`
@@ -155,7 +163,11 @@ func (s *Service) explain(r *http.Request, req *rlsv3.RateLimitRequest) any {
 			reqs = append(reqs, backend.Request{Key: it.req.Key, Limit: it.req.Limit, Mode: backend.Shadow})
 			at = append(at, [2]int{it.desc, len(ed.Limits)})
 		}
-		ed.Limits = append(ed.Limits, explainLimit{limitJSON: toLimitJSON(it.limit), BackendKey: it.req.Key, Replaced: it.replaced})
+		el := explainLimit{limitJSON: toLimitJSON(it.limit), BackendKey: it.req.Key, Replaced: it.replaced}
+		if it.req.Limit.Shared && s.global != nil {
+			el.Global = s.global.ExplainShare(it.req.Key, it.req.Limit)
+		}
+		ed.Limits = append(ed.Limits, el)
 	}
 	if len(reqs) > 0 {
 		decs := make([]backend.Decision, len(reqs))

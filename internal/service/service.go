@@ -54,6 +54,8 @@ type Options struct {
 	Tracer trace.Tracer
 	// Stats, when set with Metrics, is told each descriptor decision too (stats.go).
 	Stats Stats
+	// Global, when set, says for /debug/explain what this region holds of a global limit.
+	Global GlobalExplainer
 	// DetailedMetricValues caps the distinct label values that one detailed_metric or
 	// value_to_metric rule may add to the metrics (0: DefaultDetailedMetricValues). Such labels
 	// carry raw descriptor values (user ids, addresses) onto /metrics, and every value is a
@@ -106,6 +108,7 @@ type Service struct {
 	metrics      *Metrics
 	tracer       trace.Tracer
 	stats        Stats
+	global       GlobalExplainer
 	pool         sync.Pool // *work
 	detailedMax  int
 	headerNames  LegacyHeaderNames
@@ -144,6 +147,7 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 	}
 	s := &Service{backend: opts.Backend, log: opts.Logger, headers: opts.Headers, failure: opts.FailureMode,
 		localBackend: opts.Local, metrics: opts.Metrics, tracer: opts.Tracer, stats: opts.Stats,
+		global:      opts.Global,
 		detailedMax: cmp.Or(opts.DetailedMetricValues, DefaultDetailedMetricValues),
 		headerNames: opts.LegacyHeaderNames.withDefaults(), shadowAll: opts.ShadowMode, quotaAll: opts.QuotaMode,
 		maxInflight: opts.MaxInflightBytes, maxJSON: cmp.Or(opts.MaxJSONBytes, DefaultMaxRequestBytes),

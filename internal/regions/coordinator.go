@@ -16,6 +16,18 @@ type CoordinatorConfig struct {
 	// Regions, when above 0, is the number of regions: a new state's recovery ends as soon as
 	// that many have claimed what they hold, rather than a lease after it began.
 	Regions int
+	// IdleAfter is how long a key nobody asks for keeps its shares (default DefaultIdleAfter).
+	IdleAfter time.Duration
+}
+
+// DefaultIdleAfter is CoordinatorConfig.IdleAfter's default.
+const DefaultIdleAfter = 2 * time.Minute
+
+func (c *Coordinator) idleAfter() time.Duration {
+	if c.cfg.IdleAfter > 0 {
+		return c.cfg.IdleAfter
+	}
+	return DefaultIdleAfter
 }
 
 // State is everything the coordinator knows; it is kept in the coordination store so that
@@ -57,6 +69,8 @@ type RegionState struct {
 // KeyState is one global key's shares, by region.
 type KeyState struct {
 	Regions map[string]*Held `json:"regions"`
+	// Idle is since when no region has asked for the key (0: one does).
+	Idle int64 `json:"idle,omitempty"`
 }
 
 // Held is what one region holds of one key, as the coordinator counts it.
@@ -264,7 +278,7 @@ func (c *Coordinator) Step(now int64) []Reply {
 	}
 	grow := !c.recovering(now)
 	for _, key := range sortedKeys(c.st.Keys) {
-		c.reallocate(key, c.st.Keys[key], grow)
+		c.reallocate(key, c.st.Keys[key], now, grow)
 	}
 	var out []Reply
 	for _, name := range sortedKeys(c.st.Regions) {
@@ -309,7 +323,7 @@ func (c *Coordinator) lapse(name string, rs *RegionState) {
 
 // reallocate moves key's shares toward max-min fair ones: cuts are granted at once, growth only
 // within what the others hold (their cuts count until acknowledged).
-func (c *Coordinator) reallocate(key string, ks *KeyState, grow bool) {
+func (c *Coordinator) reallocate(key string, ks *KeyState, now int64, grow bool) {
 	names := sortedKeys(ks.Regions)
 	var lim Share
 	var active []string
@@ -332,22 +346,23 @@ func (c *Coordinator) reallocate(key string, ks *KeyState, grow bool) {
 	}
 	avail := lim.sub(fixed).max(Share{})
 	demands := make([]int64, len(active))
-	var positive []int
+	asked := false
 	for i, name := range active {
 		demands[i] = ks.Regions[name].Demand
-		if demands[i] > 0 {
-			positive = append(positive, i)
-		}
+		asked = asked || demands[i] > 0
+	}
+	// Max-min fair among the regions that use the key: what no demand asks for is spread over
+	// all of them, so a region whose requests come now and then keeps a share between them. A
+	// key nobody has asked for in IdleAfter is cut to nothing, then forgotten.
+	switch {
+	case asked:
+		ks.Idle = 0
+	case ks.Idle == 0:
+		ks.Idle = now
 	}
 	want := make([]Share, len(active))
-	if len(positive) > 0 {
-		d := make([]int64, len(positive))
-		for j, i := range positive {
-			d[j] = demands[i]
-		}
-		for j, s := range targets(avail, d) {
-			want[positive[j]] = s
-		}
+	if ks.Idle == 0 || now-ks.Idle < int64(c.idleAfter()) {
+		want = targets(avail, demands)
 	}
 	step := max(lim.Rate/64, 1)
 	bstep := max(lim.Burst/64, 1)

@@ -231,34 +231,33 @@ func (n *Node) fetch(ctx context.Context) error {
 		return err
 	}
 	after := n.mono()
-	if len(res) < 4 || len(res)%2 != 0 {
+	if len(res) < 5 || len(res)%2 != 1 {
 		return fmt.Errorf("fetch: %d values", len(res))
 	}
 	sec, usec := toInt(res[0]), toInt(res[1])
 	storeNow := (sec*1_000_000 + usec) * 1000
 	n.offLow.Store(storeNow - after)
-	seq, until := toInt(res[2]), toInt(res[3])*1000
-	if seq < int64(n.viewSeq) {
-		// The table was written anew (the store lost it): start again from nothing.
-		n.viewSeq = 0
-		clear(n.viewData)
-		clear(n.viewVers)
-		return errors.New("the region's table went back: fetching it whole next time")
-	}
-	changed := len(res) > 4
-	if changed {
-		data := make(map[string]Share, len(n.viewData)+(len(res)-4)/2)
+	seq, until, whole := toInt(res[2]), toInt(res[3])*1000, toInt(res[4]) == 1
+	if whole || len(res) > 5 {
+		// A copy, changed: the views handed out are never written to.
+		data := make(map[string]Share, len(n.viewData)+(len(res)-5)/2)
 		vers := make(map[string]uint64, len(data))
-		for k, s := range n.viewData {
-			data[k], vers[k] = s, n.viewVers[k]
+		if !whole {
+			for k, s := range n.viewData {
+				data[k], vers[k] = s, n.viewVers[k]
+			}
 		}
-		for i := 4; i+1 < len(res); i += 2 {
+		for i := 5; i+1 < len(res); i += 2 {
 			key, _ := res[i].(string)
 			v, s, ok := parseEntry(res[i+1])
-			if !ok {
-				continue
+			switch {
+			case !ok:
+			case s == (Share{}):
+				delete(data, key) // a share of nothing: removed from the table
+				delete(vers, key)
+			default:
+				data[key], vers[key] = s, v
 			}
-			data[key], vers[key] = s, v
 		}
 		n.viewData, n.viewVers = data, vers
 	}
@@ -365,13 +364,13 @@ func (n *Node) becomeAgent(ctx context.Context) error {
 		return err
 	}
 	after := n.mono()
-	if len(res) < 4 {
+	if len(res) < 5 {
 		return fmt.Errorf("fetch: %d values", len(res))
 	}
 	storeNow := (toInt(res[0])*1_000_000 + toInt(res[1])) * 1000
 	last := &Published{Shares: map[string]Share{}, Versions: map[string]uint64{},
 		ValidUntil: toInt(res[3])*1000 - storeNow + after}
-	for i := 4; i+1 < len(res); i += 2 {
+	for i := 5; i+1 < len(res); i += 2 {
 		key, _ := res[i].(string)
 		if v, s, ok := parseEntry(res[i+1]); ok {
 			last.Shares[key], last.Versions[key] = s, v

@@ -1,6 +1,8 @@
 package regions
 
 import (
+	"strconv"
+
 	goredis "github.com/redis/go-redis/v9"
 )
 
@@ -75,34 +77,52 @@ end
 return 1
 `)
 
+// changeLog is how many changes of the table the log keeps: a replica further behind fetches
+// the table whole.
+const changeLog = 100000
+
 // publishScript publishes a region's table, if the agent still holds the role: KEYS are the
 // role, the table, its change log and its meta hash. ARGV: the token, the table's end on the
-// store's clock (µs), then (key, "version rate burst") pairs. It returns the publication's
-// number, or -1 when another holds the role.
+// store's clock (µs), then (key, "version rate burst") pairs; a share of nothing removes the
+// key from the table (the log still names it). It returns the publication's number, or -1 when
+// another holds the role. The log keeps the last changeLog changes; meta's floor is the
+// publication before the oldest it keeps.
 var publishScript = goredis.NewScript(`
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then
   return -1
 end
 local seq = redis.call('HINCRBY', KEYS[4], 'seq', 1)
 for a = 3, #ARGV, 2 do
-  redis.call('HSET', KEYS[2], ARGV[a], ARGV[a + 1])
+  local v = ARGV[a + 1]
+  if string.match(v, '^%d+ 0 0$') then
+    redis.call('HDEL', KEYS[2], ARGV[a])
+  else
+    redis.call('HSET', KEYS[2], ARGV[a], v)
+  end
   redis.call('ZADD', KEYS[3], seq, ARGV[a])
 end
 redis.call('HSET', KEYS[4], 'until', ARGV[2])
+if redis.call('ZCARD', KEYS[3]) > ` + itoaConst(changeLog) + ` then
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -` + itoaConst(changeLog+1) + `)
+  local oldest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+  redis.call('HSET', KEYS[4], 'floor', tonumber(oldest[2]) - 1)
+end
 return seq
 `)
 
 // fetchScript reads a region's table for a replica: KEYS are the table, its change log and its
 // meta hash; ARGV[1] the publication the replica has (0: none). It returns the store's time
-// (seconds, µs), the last publication's number, the table's end (µs) and the (key, entry) pairs
+// (seconds, µs), the last publication's number, the table's end (µs), 1 when what follows is the
+// whole table (the replica had none, or is behind the log) else 0, and the (key, entry) pairs
 // published since ARGV[1].
 var fetchScript = goredis.NewScript(`
 local t = redis.call('TIME')
-local meta = redis.call('HMGET', KEYS[3], 'seq', 'until')
-local out = {t[1], t[2], meta[1] or '0', meta[2] or '0'}
+local meta = redis.call('HMGET', KEYS[3], 'seq', 'until', 'floor')
 local since = tonumber(ARGV[1])
+local whole = since == 0 or since < tonumber(meta[3] or '0') or since > tonumber(meta[1] or '0')
+local out = {t[1], t[2], meta[1] or '0', meta[2] or '0', whole and '1' or '0'}
 local changed
-if since == 0 then
+if whole then
   changed = redis.call('HKEYS', KEYS[1])
 else
   changed = redis.call('ZRANGEBYSCORE', KEYS[2], '(' .. since, '+inf')
@@ -117,3 +137,5 @@ for j = 1, #changed, 1000 do
 end
 return out
 `)
+
+func itoaConst(i int) string { return strconv.Itoa(i) }

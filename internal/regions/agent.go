@@ -229,8 +229,12 @@ func (a *Agent) Receive(now int64, r Reply) []Change {
 	a.gen = r.Gen
 	var out []Change
 	// The reply says which keys the coordinator waits on: only those.
+	granted := make(map[string]bool, len(r.Grants))
+	for _, g := range r.Grants {
+		granted[g.Key] = true
+	}
 	for key, k := range a.keys {
-		k.owed = slices.ContainsFunc(r.Grants, func(g Grant) bool { return g.Key == key })
+		k.owed = granted[key]
 		if k.sentSeq == r.Seq {
 			k.confirmed = true
 		}

@@ -16,7 +16,7 @@ func regionsFlags(fs *flag.FlagSet, rc *server.RegionsConfig) {
 		"--region: domains whose limits are global across regions, comma-separated (rules from xDS included); a limit's own global: true|false wins. Only gcra limits without overdraft can be global")
 	fs.StringVar(&rc.Safe, "global-safe-share", rc.Safe,
 		"--region: what a region cut off from the coordination store keeps of each global limit once its lease ends: zero, fair (its share, at most 1/--global-regions) or last (its last share, which no other region gets back while it is cut off)")
-	fs.IntVar(&rc.Regions, "global-regions", rc.Regions, "--global-safe-share fair: the number of regions a limit is split among")
+	fs.IntVar(&rc.Regions, "global-regions", rc.Regions, "--region: the number of regions: what --global-safe-share fair splits a limit among, and the claims that end a new coordination state's recovery at once (unset: a lease after it began)")
 	fs.DurationVar(&rc.Interval, "global-interval", rc.Interval,
 		"--region: how often each region reports its demand and shares are divided again (Δ)")
 	fs.DurationVar(&rc.Lease, "global-lease", rc.Lease,

@@ -3,57 +3,9 @@ package regions
 import (
 	"math/bits"
 	"slices"
-)
 
-// maxMinFair divides capacity among demands, max-min fair: a demand no larger than an equal
-// share of what is left is met whole, the remaining demands split the rest equally, and what
-// no demand asks for is spread evenly over all. The result is in the order of demands and sums
-// to capacity when there is at least one demand; indivisible units go to the lowest indexes.
-// Demands and capacity must be ≥ 0.
-func maxMinFair(capacity int64, demands []int64) []int64 {
-	out := make([]int64, len(demands))
-	if len(demands) == 0 || capacity <= 0 {
-		return out
-	}
-	order := make([]int, len(demands))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int {
-		switch {
-		case demands[a] < demands[b]:
-			return -1
-		case demands[a] > demands[b]:
-			return 1
-		}
-		return 0
-	})
-	left := capacity
-	k := 0
-	for ; k < len(order); k++ {
-		n := int64(len(order) - k)
-		if demands[order[k]] > left/n {
-			break
-		}
-		out[order[k]] = demands[order[k]]
-		left -= demands[order[k]]
-	}
-	rest := order[k:]
-	if len(rest) == 0 {
-		rest = order
-	}
-	rest = slices.Clone(rest)
-	slices.Sort(rest)
-	n := int64(len(rest))
-	each, extra := left/n, left%n
-	for j, i := range rest {
-		out[i] += each
-		if int64(j) < extra {
-			out[i]++
-		}
-	}
-	return out
-}
+	"github.com/rls-project/rls/internal/fair"
+)
 
 // targets divides avail among demands: the rates max-min fair; of the burst, about half split
 // equally among the shares with a rate and half in proportion to their rates (rounded down; what
@@ -61,7 +13,7 @@ func maxMinFair(capacity int64, demands []int64) []int64 {
 // burst). A small share thus has room for its requests' jitter, and a region alone gets the
 // whole burst. The sum of the results is within avail.
 func targets(avail Share, demands []int64) []Share {
-	rates := maxMinFair(avail.Rate, demands)
+	rates := fair.MaxMin(avail.Rate, demands)
 	out := make([]Share, len(demands))
 	if avail.Rate <= 0 || avail.Burst <= 0 {
 		return out

@@ -5,51 +5,9 @@ import (
 	"math/bits"
 	"slices"
 	"strings"
-)
 
-// maxMinFair divides capacity among demands, max-min fair: a demand no larger than an equal
-// share of what is left is met whole, the remaining demands split the rest equally, and what
-// no demand asks for is spread evenly over all. The result is in the order of demands, sums to
-// at most capacity (exactly capacity when there is at least one demand), and is deterministic:
-// indivisible units go to the lowest indexes first. Demands and capacity must be ≥ 0.
-func maxMinFair(capacity int64, demands []int64) []int64 {
-	out := make([]int64, len(demands))
-	if len(demands) == 0 || capacity <= 0 {
-		return out
-	}
-	order := make([]int, len(demands))
-	for i := range order {
-		order[i] = i
-	}
-	slices.SortStableFunc(order, func(a, b int) int { return cmpInt64(demands[a], demands[b]) })
-	left := capacity
-	k := 0
-	for ; k < len(order); k++ {
-		n := int64(len(order) - k)
-		if demands[order[k]] > left/n {
-			break
-		}
-		out[order[k]] = demands[order[k]]
-		left -= demands[order[k]]
-	}
-	// order[k:] are unsatisfied and split left equally; when every demand was met, left is
-	// spread over everyone.
-	rest := order[k:]
-	if len(rest) == 0 {
-		rest = order
-	}
-	rest = slices.Clone(rest)
-	slices.Sort(rest) // the remainder goes to the lowest indexes
-	n := int64(len(rest))
-	each, extra := left/n, left%n
-	for j, i := range rest {
-		out[i] += each
-		if int64(j) < extra {
-			out[i]++
-		}
-	}
-	return out
-}
+	"github.com/rls-project/rls/internal/fair"
+)
 
 func cmpInt64(a, b int64) int {
 	switch {
@@ -281,7 +239,7 @@ func (b *bucketState) targets(lim Budget, now int64) map[string]int64 {
 		groups = append(groups, []int{i})
 	}
 	if len(groups) == len(ids) {
-		shares := maxMinFair(c, demands)
+		shares := fair.MaxMin(c, demands)
 		for i, id := range ids {
 			out[id] = shares[i]
 		}
@@ -293,13 +251,13 @@ func (b *bucketState) targets(lim Budget, now int64) map[string]int64 {
 			gd[j] = min(gd[j]+demands[i], c)
 		}
 	}
-	gs := maxMinFair(c, gd)
+	gs := fair.MaxMin(c, gd)
 	for j, members := range groups {
 		md := make([]int64, len(members))
 		for k, i := range members {
 			md[k] = demands[i]
 		}
-		for k, sh := range maxMinFair(gs[j], md) {
+		for k, sh := range fair.MaxMin(gs[j], md) {
 			out[ids[members[k]]] = sh
 		}
 	}

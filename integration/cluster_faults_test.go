@@ -50,6 +50,12 @@ const (
 	cfPromotedOK  = time.Second // the failed master's keys are answered within this of its replica's promotion
 )
 
+// cfConns is how many connections the load spreads its calls to a replica over, as Envoy
+// opens one per worker thread. Over one, on a machine short of CPU, the connection's one
+// reading goroutine in rls (gRPC's) fell behind the calls' frames while decisions waited for
+// their messages, whatever the backend did.
+const cfConns = 4
+
 // cfStoredKey is the Redis key under which rls keeps the state of the first limit of the
 // one-entry descriptor key=value of domain: the service's key (each field length-prefixed, then
 // '#' and the limit's index) under the key prefix. Only short keys without '{' are stored as
@@ -67,6 +73,7 @@ type clusterFault struct {
 	c       *redistest.Cluster
 	procs   []*rlsProc
 	clients []rlsv3.RateLimitServiceClient
+	conns   [][]rlsv3.RateLimitServiceClient // per replica, the load's connections (cfConns)
 	diag    *stallDiag
 	masters []string            // at start, sorted
 	keys    map[string][]string // user values by the master serving them at start
@@ -96,6 +103,11 @@ func startClusterFault(t *testing.T, opts redistest.ClusterOptions, extra ...str
 	for _, p := range f.procs {
 		p.WaitReady(t)
 		f.clients = append(f.clients, p.client(t))
+		conns := []rlsv3.RateLimitServiceClient{f.clients[len(f.clients)-1]}
+		for len(conns) < cfConns {
+			conns = append(conns, p.client(t))
+		}
+		f.conns = append(f.conns, conns)
 	}
 
 	// rls's key for probe=p is where cfStoredKey says: its day-long state is there, on the master
@@ -169,7 +181,7 @@ func (a cfAnswer) fromRedis() bool {
 // cfLoad sends, open loop, rate requests a second over the user values (or, with once, each
 // on a key of its own, once=<n>) and tightRate*4 on the tight value, alternating replicas 0 and
 // 1, and cfQuietRate over the user values to replica 2, each with a cfDeadline deadline, until
-// stop is called.
+// stop is called; a replica's calls go over its cfConns connections in turn.
 type cfLoad struct {
 	mu      sync.Mutex
 	answers []cfAnswer
@@ -187,6 +199,7 @@ func (f *clusterFault) load(rate float64, tight, once bool) *cfLoad {
 		values = append(values, f.keys[m]...)
 	}
 	slices.Sort(values)
+	var next atomic.Uint64
 	send := func(replica int, key, value string) {
 		isTight := key == "tight"
 		ctx, cancel := context.WithTimeout(context.Background(), cfDeadline)
@@ -194,7 +207,9 @@ func (f *clusterFault) load(rate float64, tight, once bool) *cfLoad {
 		a := cfAnswer{replica: replica, value: value, tight: isTight, sent: time.Now()}
 		l.asked.Add(1)
 		f.diag.begin(&a)
-		resp, err := f.clients[replica].ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "cf", Descriptors: oneDesc(d(key, value))})
+		conns := f.conns[replica]
+		c := conns[next.Add(1)%uint64(len(conns))]
+		resp, err := c.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "cf", Descriptors: oneDesc(d(key, value))})
 		a.recv, a.code, a.overall = time.Now(), status.Code(err), resp.GetOverallCode()
 		f.diag.end(&a)
 		if err != nil {

@@ -5,7 +5,6 @@
 package pipeline
 
 import (
-	"runtime"
 	"sync"
 	"time"
 )
@@ -67,10 +66,6 @@ type Options struct {
 // cut short, breaking its connection, so the caller queues and is dropped unsent or abandoned as
 // its budget ends.
 const MinLead = time.Millisecond
-
-// lingerYields is how many times a sender yields the CPU to callers ready to queue before it
-// sends what has queued.
-const lingerYields = 3
 
 // The states of a pending caller, guarded by Coalescer.mu.
 const (
@@ -291,14 +286,11 @@ func (c *Coalescer[T]) run() {
 			c.mu.Unlock()
 			return
 		}
-		// Let the callers that are ready to run queue too before the pipeline leaves: on a busy
-		// machine there are some, and one pipeline then carries their calls at the fixed cost
-		// of one. An idle machine has none, and yielding then costs nothing.
-		for i := 0; i < lingerYields && len(c.queue) < c.max && !c.closed; i++ {
-			c.mu.Unlock()
-			runtime.Gosched()
-			c.mu.Lock()
-		}
+		// What has queued leaves now. A sender never yields to let more callers queue first
+		// (runtime.Gosched): that puts it in the scheduler's global run queue, behind every
+		// goroutine preempted there, and in a process short of CPU each yield then costs it
+		// a turn of up to hundreds of milliseconds, during which every caller of its node
+		// waits. Callers that arrive while its pipeline is in flight go out in the next one.
 		batch, calls = batch[:0], calls[:0]
 		var deadline time.Time
 		k := 0

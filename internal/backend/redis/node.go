@@ -126,11 +126,13 @@ func newNode(name string, rdb, probe goredis.UniversalClient, d *nodeDeps) *node
 	cfg := d.cfg
 	// A pipeline unanswered for slowAfter sends a probe, so that the decisions that then run out
 	// of time can tell a slow node from an overloaded process (see ranOut).
-	// A lone caller leads on every topology. On a Cluster leading was once off: with it on, a
-	// master's failure under TestClusterMasterFault's load was seen to leave one replica
-	// answering no key, of any master, for about a second, in 2 of 12 subtests. No run has shown
-	// it since the backend became parts (20 of 20 runs alone under -race), and no mechanism was
-	// found; the test's RLS_STALL_DIR diagnostics catch a replica that stalls, if one does.
+	// A lone caller leads on every topology. On a Cluster leading was once off, after a
+	// master's failure under TestClusterMasterFault's load left one replica answering no key,
+	// of any master, for about a second. No leader was in flight then: that replica was short
+	// of CPU, every decision of it was queued on a healthy node, and the node's sender yielded
+	// (runtime.Gosched) before each pipeline, each time waiting behind the goroutines preempted
+	// in the scheduler's global run queue. Senders no longer yield (internal/pipeline;
+	// TestSendersNotQueuedBehindBusyGoroutines).
 	n.co = pipeline.New(n.sendPipeline, pipeline.Options{Max: cfg.coalesce, Senders: cfg.senders,
 		Slow: n.kickProbe, SlowAfter: slowAfter})
 	n.br = nodeBreaker{breaker.New(cfg.failures, cfg.cooldown, n.recover, n.healthChanged)}

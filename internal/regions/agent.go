@@ -206,6 +206,9 @@ func (a *Agent) Each(f func(key string, applied Share, demand int64)) {
 	}
 }
 
+// Has reports whether the agent knows key (asked for, held or owed).
+func (a *Agent) Has(key string) bool { return a.keys[key] != nil }
+
 // LeaseEnd is when the region's lease ends, on the agent's clock.
 func (a *Agent) LeaseEnd() int64 { return a.leaseEnd }
 

@@ -269,11 +269,11 @@ func (n *Node) fetch(ctx context.Context) error {
 	return nil
 }
 
-// parseEntry parses a table entry, "version rate burst".
+// parseEntry parses a table entry, "version rate burst [period µs]".
 func parseEntry(v any) (uint64, Share, bool) {
 	s, _ := v.(string)
 	f := strings.Fields(s)
-	if len(f) != 3 {
+	if len(f) != 3 && len(f) != 4 {
 		return 0, Share{}, false
 	}
 	ver, err1 := strconv.ParseUint(f[0], 10, 64)
@@ -312,15 +312,14 @@ func (n *Node) demandLoop() {
 		if len(counts) == 0 {
 			return
 		}
+		// Each field is the key and its limit: the bucket expires whole, so nothing of a key
+		// outlives its demand in the region's store.
 		key := n.keys.demand(n.bucket(time.Now()))
 		pipe := n.cfg.Local.Pipeline()
-		limits := make([]any, 0, 2*len(counts))
 		for k, d := range counts {
-			pipe.HIncrBy(ctx, key, k, d.hits)
-			limits = append(limits, k, fmt.Sprintf("%d %d %d", d.rate, d.burst, d.period))
+			pipe.HIncrBy(ctx, key, fmt.Sprintf("%s\x00%d %d %d", k, d.rate, d.burst, d.period), d.hits)
 		}
 		pipe.PExpire(ctx, key, 4*n.cfg.Interval)
-		pipe.HSet(ctx, n.keys.limits, limits...)
 		if _, err := pipe.Exec(ctx); err != nil {
 			n.log.Debug("global shares: writing demand", "err", err)
 		}
@@ -374,6 +373,11 @@ func (n *Node) becomeAgent(ctx context.Context) error {
 		key, _ := res[i].(string)
 		if v, s, ok := parseEntry(res[i+1]); ok {
 			last.Shares[key], last.Versions[key] = s, v
+			if f := strings.Fields(res[i+1].(string)); len(f) == 4 {
+				if p, _ := strconv.ParseInt(f[3], 10, 64); p > 0 {
+					n.limits[key] = [3]int64{0, 0, p} // the period, for the charges of growth
+				}
+			}
 		}
 	}
 	n.agent = NewAgent(AgentConfig{Region: n.cfg.Region, Policy: n.cfg.Policy, TableLease: n.cfg.TableLease,
@@ -389,31 +393,19 @@ func (n *Node) report(ctx context.Context) {
 		n.log.Debug("global shares: reading demand", "err", err)
 		return
 	}
-	var unknown []string
-	for k := range counts {
-		if _, ok := n.limits[k]; !ok {
-			unknown = append(unknown, k)
-		}
-	}
-	if len(unknown) > 0 {
-		vals, err := n.cfg.Local.HMGet(ctx, n.keys.limits, unknown...).Result()
-		if err != nil {
-			return
-		}
-		for i, v := range vals {
-			s, _ := v.(string)
-			var l [3]int64
-			if _, err := fmt.Sscanf(s, "%d %d %d", &l[0], &l[1], &l[2]); err == nil && l[2] > 0 {
-				n.limits[unknown[i]] = l
-			}
-		}
-	}
-	seen := map[string]bool{}
-	for k, c := range counts {
-		if _, ok := n.limits[k]; !ok {
+	hitsOf := map[string]int64{}
+	for field, c := range counts {
+		k, lim, ok := strings.Cut(field, "\x00")
+		var l [3]int64
+		if _, err := fmt.Sscanf(lim, "%d %d %d", &l[0], &l[1], &l[2]); !ok || err != nil || l[2] <= 0 {
 			continue
 		}
+		n.limits[k] = l // replicas mid-rollout may differ: the last read wins
 		hits, _ := strconv.ParseInt(c, 10, 64)
+		hitsOf[k] += hits
+	}
+	seen := map[string]bool{}
+	for k, hits := range hitsOf {
 		n.observe(k, hits)
 		seen[k] = true
 	}
@@ -423,6 +415,11 @@ func (n *Node) report(ctx context.Context) {
 		}
 	}
 	n.observed = seen
+	for k := range n.limits {
+		if !seen[k] && !n.agent.Has(k) {
+			delete(n.limits, k) // neither asked for nor held
+		}
+	}
 	var held, demand float64
 	n.agent.Each(func(key string, applied Share, d int64) {
 		if l, ok := n.limits[key]; ok && l[2] > 0 {
@@ -536,25 +533,21 @@ func (n *Node) take(ctx context.Context, rep Reply) {
 	changes := n.agent.Receive(n.mono(), rep)
 	n.stats.replied.Store(n.mono())
 	n.stats.leaseEnd.Store(n.agent.LeaseEnd())
-	for _, c := range changes {
+	for i, c := range changes {
 		if c.Charge <= 0 {
 			continue
 		}
-		l, ok := n.limits[c.Key]
-		if !ok {
-			vals, err := n.cfg.Local.HMGet(ctx, n.keys.limits, c.Key).Result()
-			if err == nil && len(vals) == 1 {
-				s, _ := vals[0].(string)
-				_, _ = fmt.Sscanf(s, "%d %d %d", &l[0], &l[1], &l[2])
-			}
+		l := n.limits[c.Key]
+		if l[2] <= 0 {
+			// The key's period is not known here (no demand seen, no table entry): publish
+			// the share without its burst's growth, which needs no charge (applying less
+			// than granted is safe).
+			changes[i].To.Burst -= c.Charge
+			continue
 		}
-		err := errors.New("the key's period is not known")
-		if l[2] > 0 {
-			lim := limit.Limit{Rate: c.To.Rate, Period: time.Duration(l[2]) * time.Microsecond, Burst: c.To.Burst,
-				Shared: true, Overdraft: true}
-			err = n.cfg.Charge(ctx, c.Key, lim, c.Charge)
-		}
-		if err != nil {
+		lim := limit.Limit{Rate: c.To.Rate, Period: time.Duration(l[2]) * time.Microsecond, Burst: c.To.Burst,
+			Shared: true, Overdraft: true}
+		if err := n.cfg.Charge(ctx, c.Key, lim, c.Charge); err != nil {
 			// The share cannot apply before its charge: start again from the published table.
 			n.log.Warn("global shares: charging a share's growth; dropping the agent role", "key", c.Key, "err", err)
 			n.agent = nil
@@ -565,7 +558,7 @@ func (n *Node) take(ctx context.Context, rep Reply) {
 	pub := n.agent.Table()
 	args := []any{n.token, (pub.ValidUntil + n.offLow.Load()) / 1000}
 	for _, c := range changes {
-		args = append(args, c.Key, fmt.Sprintf("%d %d %d", c.Version, c.To.Rate, c.To.Burst))
+		args = append(args, c.Key, fmt.Sprintf("%d %d %d %d", c.Version, c.To.Rate, c.To.Burst, n.limits[c.Key][2]))
 	}
 	seq, err := publishScript.Run(ctx, n.cfg.Local, []string{n.keys.agent, n.keys.table, n.keys.changes, n.keys.meta}, args...).Int64()
 	switch {

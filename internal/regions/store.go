@@ -12,8 +12,8 @@ type keys struct {
 	// The coordination store.
 	coord, inbox, regions, keyStates string
 	// A region's store.
-	agent, seqBase, table, changes, meta, limits string
-	prefix                                       string
+	agent, seqBase, table, changes, meta string
+	prefix                               string
 }
 
 func newKeys(prefix string) keys {
@@ -21,7 +21,7 @@ func newKeys(prefix string) keys {
 	return keys{
 		coord: p + "coordinator", inbox: p + "inbox", regions: p + "regions", keyStates: p + "keys",
 		agent: p + "agent", seqBase: p + "seqbase", table: p + "table", changes: p + "changes", meta: p + "meta",
-		limits: p + "limits", prefix: p,
+		prefix: p,
 	}
 }
 
@@ -94,7 +94,7 @@ end
 local seq = redis.call('HINCRBY', KEYS[4], 'seq', 1)
 for a = 3, #ARGV, 2 do
   local v = ARGV[a + 1]
-  if string.match(v, '^%d+ 0 0$') then
+  if string.match(v, '^%d+ 0 0$') or string.match(v, '^%d+ 0 0 %d+$') then
     redis.call('HDEL', KEYS[2], ARGV[a])
   else
     redis.call('HSET', KEYS[2], ARGV[a], v)

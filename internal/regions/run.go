@@ -98,10 +98,9 @@ type Node struct {
 }
 
 type demandCount struct {
-	hits          int64
-	rate, burst   int64
-	period        int64 // µs
-	limitsWritten bool
+	hits        int64
+	rate, burst int64
+	period      int64 // µs
 }
 
 // Start starts a replica's part. Close stops it.
@@ -719,6 +718,6 @@ func (n *Node) ExplainShare(key string, l limit.Limit) any {
 		return out
 	}
 	s := v.Share(key, Share{l.Rate, l.Burst}, now)
-	out.Share, out.Version, out.TableEnded = share{s.Rate, s.Burst}, v.Version(key), now >= v.until
+	out.Share, out.Version, out.TableEnded = share(s), v.Version(key), now >= v.until
 	return out
 }

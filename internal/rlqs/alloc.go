@@ -9,16 +9,6 @@ import (
 	"github.com/rls-project/rls/internal/fair"
 )
 
-func cmpInt64(a, b int64) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
-}
-
 // Budget is what one bucket may admit in total, as its rule says: Rate requests per PeriodMs
 // milliseconds, with bursts up to Burst.
 type Budget struct {

@@ -23,6 +23,8 @@ func regionsFlags(fs *flag.FlagSet, rc *server.RegionsConfig) {
 		"--region: how long a region applies its shares without hearing from the coordinator; then it falls to --global-safe-share")
 	fs.DurationVar(&rc.TableLease, "global-table-lease", rc.TableLease,
 		"--region: how long a replica applies the region's table of shares it fetched; a share given up frees this long after it was published")
+	fs.IntVar(&rc.MaxKeys, "global-max-keys", rc.MaxKeys,
+		"--region: most global keys the region reports and holds shares of; a key asked for beyond them gets no share (its requests are denied) until others are forgotten (rls_global_keys_refused_total)")
 	fs.DurationVar(&rc.Margin, "global-margin", rc.Margin,
 		"--region: added to a lease before a region's share is given to others, for clocks that run at different rates")
 }

@@ -15,7 +15,15 @@ type AgentConfig struct {
 	TableLease time.Duration
 	// Margin covers the replicas' clocks running slower than the agent's.
 	Margin time.Duration
+	// MaxKeys bounds the keys the agent reports and holds (0: DefaultMaxKeys). A key asked for
+	// beyond it is not reported: it gets no share, and its requests are denied, until the
+	// agent forgets others.
+	MaxKeys int
 }
+
+// DefaultMaxKeys is AgentConfig.MaxKeys's default: a report naming every key is then at most
+// about 9 MB, and the coordinator's state for the region about 20 MB.
+const DefaultMaxKeys = 100_000
 
 // Published is the region's table of shares as the agent publishes it to the region's
 // replicas: every key's share, and until when (on the agent's clock) the shares apply; past
@@ -101,6 +109,8 @@ type Agent struct {
 	// published long enough that no replica applies a share (0: not yet).
 	leaving bool
 	leftAt  int64
+	// Refused counts the keys not reported because MaxKeys were known.
+	Refused uint64
 }
 
 // NewAgent returns an agent that continues from the table last published (nil: nothing), with
@@ -146,6 +156,10 @@ func (a *Agent) lapse(now int64) {
 // say.
 func (a *Agent) Observe(key string, limit Share, demand int64) {
 	k := a.keys[key]
+	if k == nil && len(a.keys) >= a.maxKeys() {
+		a.Refused++
+		return
+	}
 	if k == nil {
 		k = &agentKey{sent: -1}
 		a.keys[key] = k
@@ -204,6 +218,13 @@ func (a *Agent) Each(f func(key string, applied Share, demand int64)) {
 	for key, k := range a.keys {
 		f(key, k.applied, k.demand)
 	}
+}
+
+func (a *Agent) maxKeys() int {
+	if a.cfg.MaxKeys > 0 {
+		return a.cfg.MaxKeys
+	}
+	return DefaultMaxKeys
 }
 
 // Has reports whether the agent knows key (asked for, held or owed).

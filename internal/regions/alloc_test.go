@@ -3,6 +3,7 @@ package regions
 import (
 	"math/rand/v2"
 	"testing"
+	"time"
 )
 
 // TestTargets: the shares sum within what is available; a region alone gets all of it; demands
@@ -35,5 +36,17 @@ func TestTargets(t *testing.T) {
 		if !sum.within(avail) {
 			t.Fatalf("%v %v: the shares sum to %v", avail, d, sum)
 		}
+	}
+}
+
+// TestAgentMaxKeys: a key asked for beyond MaxKeys is neither reported nor held, and counted.
+func TestAgentMaxKeys(t *testing.T) {
+	a := NewAgent(AgentConfig{Region: "eu", TableLease: time.Second, MaxKeys: 2}, nil, 1<<32)
+	for _, k := range []string{"a", "b", "c"} {
+		a.Observe(k, Share{10, 5}, 7)
+	}
+	r := a.Report(0)
+	if len(r.Keys) != 2 || a.Has("c") || a.Refused != 1 {
+		t.Errorf("reported %v, holds c %v, refused %d; want a and b, not c, 1 refused", r.Keys, a.Has("c"), a.Refused)
 	}
 }

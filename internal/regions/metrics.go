@@ -18,6 +18,7 @@ type nodeStats struct {
 	held, demand       atomic.Uint64 // agent: Σ over keys, requests a second, as float64 bits
 	grants             atomic.Uint64 // coordinator: grants made
 	steps, failures    atomic.Uint64 // coordinator: steps committed, failed
+	refused            atomic.Uint64 // agent: keys not reported, --global-max-keys being known
 }
 
 var (
@@ -31,6 +32,7 @@ var (
 	descDemand     = prometheus.NewDesc("rls_global_demand_rate", "Agent: the region's demand of every global key, summed, in requests a second.", nil, nil)
 	descGrants     = prometheus.NewDesc("rls_global_reallocations_total", "Coordinator: shares granted (each a new version of a region's share of a key).", nil, nil)
 	descSteps      = prometheus.NewDesc("rls_global_coordinator_steps_total", "Coordinator: steps committed to the coordination store.", nil, nil)
+	descRefused    = prometheus.NewDesc("rls_global_keys_refused_total", "Agent: global keys asked for but not reported (no share: denied) because --global-max-keys were known.", nil, nil)
 	descStepErrors = prometheus.NewDesc("rls_global_coordinator_step_errors_total", "Coordinator: steps that failed (the store did not answer, or the role was lost).", nil, nil)
 )
 
@@ -41,7 +43,7 @@ type collector struct{ n *Node }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRole, descTableKeys, descTableAge, descLag, descLease, descCutOff, descHeld,
-		descDemand, descGrants, descSteps, descStepErrors} {
+		descDemand, descGrants, descSteps, descStepErrors, descRefused} {
 		ch <- d
 	}
 }
@@ -64,6 +66,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descCutOff, prometheus.GaugeValue, b2f(end <= now))
 		ch <- prometheus.MustNewConstMetric(descHeld, prometheus.GaugeValue, f64(s.held.Load()))
 		ch <- prometheus.MustNewConstMetric(descDemand, prometheus.GaugeValue, f64(s.demand.Load()))
+		ch <- prometheus.MustNewConstMetric(descRefused, prometheus.CounterValue, float64(s.refused.Load()))
 	}
 	ch <- prometheus.MustNewConstMetric(descGrants, prometheus.CounterValue, float64(s.grants.Load()))
 	ch <- prometheus.MustNewConstMetric(descSteps, prometheus.CounterValue, float64(s.steps.Load()))

@@ -35,6 +35,8 @@ type Config struct {
 	Policy Policy
 	// Regions, when above 0, is the number of regions (see CoordinatorConfig.Regions).
 	Regions int
+	// MaxKeys bounds the global keys the region reports and holds (see AgentConfig.MaxKeys).
+	MaxKeys int
 	// Interval is Δ: how often the region reports its demand and the coordinator steps.
 	Interval time.Duration
 	// Lease is how long a region applies its shares without hearing from the coordinator.
@@ -380,7 +382,7 @@ func (n *Node) becomeAgent(ctx context.Context) error {
 		}
 	}
 	n.agent = NewAgent(AgentConfig{Region: n.cfg.Region, Policy: n.cfg.Policy, TableLease: n.cfg.TableLease,
-		Margin: n.cfg.Margin}, last, uint64(base))
+		Margin: n.cfg.Margin, MaxKeys: n.cfg.MaxKeys}, last, uint64(base))
 	n.log.Info("global shares: this replica is the region's agent", "keys", len(last.Shares))
 	return nil
 }
@@ -427,6 +429,7 @@ func (n *Node) report(ctx context.Context) {
 			demand += float64(d) * perSecond
 		}
 	})
+	n.stats.refused.Store(n.agent.Refused)
 	n.stats.held.Store(math.Float64bits(held))
 	n.stats.demand.Store(math.Float64bits(demand))
 	rep := n.agent.Report(n.mono())

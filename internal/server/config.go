@@ -175,7 +175,7 @@ func DefaultConfig() Config {
 		XDS:   XDSConfig{NodeID: "default", BackoffInitial: xds.DefaultBackoffInitial, BackoffMax: xds.DefaultBackoffMax},
 		Regions: RegionsConfig{
 			Safe: regions.SafeZero.String(), Interval: regions.DefaultInterval, Lease: regions.DefaultLease,
-			TableLease: regions.DefaultTableLease, Margin: regions.DefaultMargin,
+			TableLease: regions.DefaultTableLease, Margin: regions.DefaultMargin, MaxKeys: regions.DefaultMaxKeys,
 		},
 
 		Backend:              "memory",

@@ -26,6 +26,7 @@ type RegionsConfig struct {
 	Lease         time.Duration // --global-lease
 	TableLease    time.Duration // --global-table-lease
 	Margin        time.Duration // --global-margin
+	MaxKeys       int           // --global-max-keys
 }
 
 // domains is --global-domains as a list.
@@ -72,6 +73,9 @@ func (c Config) validateRegions() error {
 			errs = append(errs, fmt.Errorf("%s %v: want a positive duration", name, d))
 		}
 	}
+	if rc.MaxKeys < 1 {
+		errs = append(errs, fmt.Errorf("--global-max-keys %d: want at least 1", rc.MaxKeys))
+	}
 	if rc.Lease < 2*rc.TableLease+rc.Margin {
 		errs = append(errs, fmt.Errorf("--global-lease %v: want at least twice --global-table-lease (%v) plus --global-margin (%v)", rc.Lease, rc.TableLease, rc.Margin))
 	}
@@ -101,6 +105,7 @@ func startRegions(c Config, b backend.Backend, log *slog.Logger) (*regions.Node,
 	safe, _ := regions.ParseSafe(rc.Safe)
 	n, err := regions.Start(regions.Config{
 		Region: rc.Region, Global: global, Local: local, Policy: regions.Policy{Safe: safe, Regions: rc.Regions}, Regions: rc.Regions,
+		MaxKeys:  rc.MaxKeys,
 		Interval: rc.Interval, Lease: rc.Lease, TableLease: rc.TableLease, Margin: rc.Margin,
 		Prefix: c.Redis.KeyPrefix, Logger: log.With("component", "regions"),
 		Charge: func(ctx context.Context, key string, l limit.Limit, cost int64) error {

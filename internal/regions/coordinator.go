@@ -199,7 +199,8 @@ func (c *Coordinator) Receive(now int64, r Report) {
 		rs = &RegionState{}
 		c.st.Regions[r.Region] = rs
 	}
-	fresh := r.Seq > rs.LastSeq || rs.Left || rs.Lapsed
+	newest := r.Seq > rs.LastSeq
+	fresh := newest || rs.Left || rs.Lapsed
 	rs.LeaseEnd = max(rs.LeaseEnd, now+int64(c.cfg.Lease))
 	rs.Lapsed = false
 	rs.Policy = r.Policy
@@ -241,7 +242,9 @@ func (c *Coordinator) Receive(now int64, r Report) {
 			h = &Held{}
 			ks.Regions[r.Region] = h
 		}
-		if kr.Claim != nil && current {
+		// A claim counts from the region's newest report only, and only if it knows every
+		// version acknowledged: a report that arrives late says what was, not what is.
+		if kr.Claim != nil && current && newest && kr.ClaimVersion >= h.Acked {
 			c.claim(kr, h, late)
 		}
 		h.ack(kr.Acked)

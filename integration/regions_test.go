@@ -7,6 +7,8 @@ import (
 	"io"
 	"math/rand/v2"
 	"net/http"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -15,14 +17,12 @@ import (
 	"testing"
 	"time"
 
-	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 
 	"github.com/rls-project/rls/internal/redistest"
+	"github.com/rls-project/rls/internal/rlstest"
 )
 
 // mrRate and mrBurst are the global limit of every key of the multi-region tests: per second.
@@ -32,13 +32,17 @@ const (
 )
 
 // multiRegion is three regions on this machine, each its own redis-server and two rls
-// processes, and a coordination store that every region reaches through its own toxiproxy
-// link (latency with jitter; cut and healed by the tests). rls ↔ its region's Redis is direct.
+// processes, and a coordination store that every region reaches through its own link in a
+// toxiproxy server (latency with jitter; cut and healed by the tests). rls ↔ its region's Redis
+// is direct. The rls processes are built without the race detector even when the tests run with
+// it: the harness measures timing (a race-built rls is several times slower), and the
+// coordination's code is raced by its own package's tests. toxiproxy runs as its own process,
+// so that what it does concurrently is no part of this test's process.
 type multiRegion struct {
 	t       *testing.T
 	global  *redistest.Server
-	toxics  *toxiproxy.ApiServer
-	links   map[string]*toxiproxy.Proxy
+	toxi    string            // the toxiproxy server's API, http://host:port
+	links   map[string]string // region → the listen address of its link to the store
 	regions []string
 	rls     map[string][]*rlsProc
 	clients map[string][]rlsv3.RateLimitServiceClient
@@ -49,10 +53,11 @@ type multiRegion struct {
 func startMultiRegion(t *testing.T, latency, jitter time.Duration) *multiRegion {
 	m := &multiRegion{
 		t: t, global: redistest.Start(t), regions: []string{"eu", "us", "ap"},
-		links: map[string]*toxiproxy.Proxy{}, rls: map[string][]*rlsProc{}, clients: map[string][]rlsv3.RateLimitServiceClient{},
+		links: map[string]string{}, rls: map[string][]*rlsProc{}, clients: map[string][]rlsv3.RateLimitServiceClient{},
 		lease: 3 * time.Second, delta: 250 * time.Millisecond,
 	}
-	m.toxics = toxiproxy.NewServer(toxiproxy.NewMetricsContainer(prometheus.NewRegistry()), zerolog.Nop())
+	m.startToxiproxy()
+	bin := rlstest.BuildBinary(t, false)
 	rules := writeRules(t, map[string]string{"shop.yaml": fmt.Sprintf(`domain: shop
 descriptors:
   - key: user
@@ -61,19 +66,18 @@ descriptors:
     rate_limit: {unit: second, requests_per_unit: %d, burst: %d}
 `, mrRate, mrBurst, mrRate, mrBurst)})
 	for _, region := range m.regions {
-		link := toxiproxy.NewProxy(m.toxics, region, "127.0.0.1:0", m.global.Addr())
-		if err := link.Start(); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(link.Stop)
-		m.links[region] = link
+		var proxy struct{ Listen string }
+		m.api("POST", "/proxies", fmt.Sprintf(`{"name":%q,"listen":"127.0.0.1:0","upstream":%q,"enabled":true}`, region, m.global.Addr()), &proxy)
+		m.links[region] = proxy.Listen
 		m.setLatency(region, latency, jitter)
 		local := redistest.Start(t)
 		for range 2 {
-			p := startRLS(t, nil, "--backend", "redis", "--redis-url", local.URL(), "--config", rules,
-				"--region", region, "--global-url", "redis://"+link.Listen,
+			p := &rlsProc{rlstest.Launch(t, bin, nil, "--backend", "redis", "--redis-url", local.URL(), "--config", rules,
+				"--region", region, "--global-url", "redis://"+proxy.Listen,
 				"--global-interval", m.delta.String(), "--global-lease", m.lease.String(),
-				"--global-table-lease", "500ms", "--global-margin", "100ms", "--global-regions", "3", "--redis-timeout", "1s")
+				"--global-table-lease", "500ms", "--global-margin", "100ms", "--global-regions", "3",
+				"--grpc-addr", "127.0.0.1:0", "--http-addr", "127.0.0.1:0", "--debug-addr", "127.0.0.1:0")}
+			p.WaitReady(t)
 			m.rls[region] = append(m.rls[region], p)
 			m.clients[region] = append(m.clients[region], p.client(t))
 		}
@@ -81,41 +85,85 @@ descriptors:
 	return m
 }
 
+// startToxiproxy builds toxiproxy's server (the module's own, github.com/Shopify/toxiproxy/v2)
+// and starts it on a free port, stopped when the test ends.
+func (m *multiRegion) startToxiproxy() {
+	t := m.t
+	bin := filepath.Join(t.TempDir(), "toxiproxy-server")
+	build := exec.Command("go", "build", "-o", bin, "github.com/Shopify/toxiproxy/v2/cmd/server")
+	build.Dir = repoRoot()
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building toxiproxy's server: %v\n%s", err, out)
+	}
+	port := redistest.FreePort(t)
+	cmd := exec.Command(bin, "-host", "127.0.0.1", "-port", strconv.Itoa(port))
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	m.toxi = "http://127.0.0.1:" + strconv.Itoa(port)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if resp, err := http.Get(m.toxi + "/version"); err == nil {
+			resp.Body.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("toxiproxy's server did not answer within 10s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// api calls toxiproxy's HTTP API, decoding its answer into out when out is not nil.
+func (m *multiRegion) api(method, path, body string, out any) {
+	m.t.Helper()
+	req, err := http.NewRequest(method, m.toxi+path, strings.NewReader(body))
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		m.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode/100 != 2 {
+		m.t.Fatalf("toxiproxy %s %s: %s: %s", method, path, resp.Status, b)
+	}
+	if out != nil {
+		if err := json.Unmarshal(b, out); err != nil {
+			m.t.Fatalf("toxiproxy %s %s: %v: %s", method, path, err, b)
+		}
+	}
+}
+
 // setLatency sets the one-way latency (and its jitter) of region's link, both ways.
 func (m *multiRegion) setLatency(region string, latency, jitter time.Duration) {
 	m.t.Helper()
-	link := m.links[region]
+	var existing []struct{ Name string }
+	m.api("GET", "/proxies/"+region+"/toxics", "", &existing)
 	for _, stream := range []string{"upstream", "downstream"} {
 		name := "latency_" + stream
-		body := fmt.Sprintf(`{"name":%q,"type":"latency","stream":%q,"toxicity":1,"attributes":{"latency":%d,"jitter":%d}}`,
-			name, stream, latency.Milliseconds(), jitter.Milliseconds())
-		if link.Toxics.GetToxic(name) != nil {
-			if _, err := link.Toxics.UpdateToxicJson(name, strings.NewReader(body)); err != nil {
-				m.t.Fatal(err)
-			}
+		attrs := fmt.Sprintf(`{"latency":%d,"jitter":%d}`, latency.Milliseconds(), jitter.Milliseconds())
+		if slices.ContainsFunc(existing, func(e struct{ Name string }) bool { return e.Name == name }) {
+			m.api("POST", "/proxies/"+region+"/toxics/"+name, `{"attributes":`+attrs+`}`, nil)
 			continue
 		}
-		if _, err := link.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
-			m.t.Fatal(err)
-		}
+		m.api("POST", "/proxies/"+region+"/toxics",
+			fmt.Sprintf(`{"name":%q,"type":"latency","stream":%q,"toxicity":1,"attributes":%s}`, name, stream, attrs), nil)
 	}
 }
 
 // cut makes region's link drop everything (connections stay open, nothing arrives) until heal.
 func (m *multiRegion) cut(region string) {
-	m.t.Helper()
-	body := `{"name":"cut","type":"timeout","stream":"upstream","toxicity":1,"attributes":{"timeout":0}}`
-	if _, err := m.links[region].Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
-		m.t.Fatal(err)
-	}
+	m.api("POST", "/proxies/"+region+"/toxics",
+		`{"name":"cut","type":"timeout","stream":"upstream","toxicity":1,"attributes":{"timeout":0}}`, nil)
 }
 
-func (m *multiRegion) heal(region string) {
-	m.t.Helper()
-	if err := m.links[region].Toxics.RemoveToxic(context.Background(), "cut"); err != nil {
-		m.t.Fatal(err)
-	}
-}
+func (m *multiRegion) heal(region string) { m.api("DELETE", "/proxies/"+region+"/toxics/cut", "", nil) }
 
 // decision is one answer the load driver got: when it was asked and answered, where, for what.
 type decision struct {

@@ -45,6 +45,10 @@ type Config struct {
 	TableLease time.Duration
 	// Margin covers clocks that run at different rates (see CoordinatorConfig.Margin).
 	Margin time.Duration
+	// DecisionBudget is the longest a decision takes from its share's lookup to its end in the
+	// store (the backend's time budget): a share is applied only while its table is good for
+	// that much longer, as the decision runs then.
+	DecisionBudget time.Duration
 	// Prefix is prepended to every key, in both stores.
 	Prefix string
 	Logger *slog.Logger
@@ -122,6 +126,9 @@ func Start(cfg Config) (*Node, error) {
 	if cfg.Margin <= 0 {
 		cfg.Margin = DefaultMargin
 	}
+	if cfg.TableLease <= 2*cfg.DecisionBudget {
+		return nil, fmt.Errorf("table lease %v: want more than twice the decision budget (%v)", cfg.TableLease, cfg.DecisionBudget)
+	}
 	if cfg.Lease < 2*cfg.TableLease+cfg.Margin {
 		return nil, fmt.Errorf("lease %v: want at least twice the table lease (%v) plus the margin (%v)", cfg.Lease, cfg.TableLease, cfg.Margin)
 	}
@@ -182,16 +189,18 @@ func (n *Node) every(d time.Duration, f func(ctx context.Context)) {
 // of its rate and burst, zero before any grant. cost is counted as the key's demand.
 func (n *Node) Limit(ctx context.Context, key string, l limit.Limit, cost int64) (limit.Limit, error) {
 	n.count(key, l, cost)
-	v := n.view.Load()
-	if v.Stale(n.mono()) {
+	// The decision runs in the store up to its budget from now: the table must be good until
+	// then.
+	v, at := n.view.Load(), n.mono()+int64(n.cfg.DecisionBudget)
+	if v.Stale(at) {
 		if err := n.fetch(ctx); err != nil {
 			return l, fmt.Errorf("%w: %v", ErrNoTable, err)
 		}
-		if v = n.view.Load(); v.Stale(n.mono()) {
+		if v, at = n.view.Load(), n.mono()+int64(n.cfg.DecisionBudget); v.Stale(at) {
 			return l, ErrNoTable
 		}
 	}
-	s := v.Share(key, Share{l.Rate, l.Burst}, n.mono())
+	s := v.Share(key, Share{l.Rate, l.Burst}, at)
 	l.Rate, l.Burst = s.Rate, s.Burst
 	return l, nil
 }

@@ -76,6 +76,9 @@ func (c Config) validateRegions() error {
 	if rc.MaxKeys < 1 {
 		errs = append(errs, fmt.Errorf("--global-max-keys %d: want at least 1", rc.MaxKeys))
 	}
+	if rc.TableLease <= 2*c.Redis.Timeout {
+		errs = append(errs, fmt.Errorf("--global-table-lease %v: want more than twice --redis-timeout (%v), a decision's longest", rc.TableLease, c.Redis.Timeout))
+	}
 	if rc.Lease < 2*rc.TableLease+rc.Margin {
 		errs = append(errs, fmt.Errorf("--global-lease %v: want at least twice --global-table-lease (%v) plus --global-margin (%v)", rc.Lease, rc.TableLease, rc.Margin))
 	}
@@ -105,7 +108,7 @@ func startRegions(c Config, b backend.Backend, log *slog.Logger) (*regions.Node,
 	safe, _ := regions.ParseSafe(rc.Safe)
 	n, err := regions.Start(regions.Config{
 		Region: rc.Region, Global: global, Local: local, Policy: regions.Policy{Safe: safe, Regions: rc.Regions}, Regions: rc.Regions,
-		MaxKeys:  rc.MaxKeys,
+		MaxKeys: rc.MaxKeys, DecisionBudget: c.Redis.Timeout,
 		Interval: rc.Interval, Lease: rc.Lease, TableLease: rc.TableLease, Margin: rc.Margin,
 		Prefix: c.Redis.KeyPrefix, Logger: log.With("component", "regions"),
 		Charge: func(ctx context.Context, key string, l limit.Limit, cost int64) error {

@@ -335,8 +335,8 @@ func TestMultiRegion(t *testing.T) {
 		rec := &recorder{}
 		// Long enough that a full burst at the start of the usefulness window weighs little:
 		// in steady state a key cannot use b again, so admitted ÷ (b + r·T) is at most
-		// r·T ÷ (b + r·T), 0.97 over 16 s.
-		const run = 20 * time.Second
+		// r·T ÷ (b + r·T), 0.98 over 26 s.
+		const run = 30 * time.Second
 		patterns := map[string]func(seed uint64) demand{
 			"even": func(uint64) demand { return func(string, time.Duration) float64 { return 1.5 * mrRate } },
 			"one": func(seed uint64) demand {

@@ -102,8 +102,8 @@ for a = 3, #ARGV, 2 do
   redis.call('ZADD', KEYS[3], seq, ARGV[a])
 end
 redis.call('HSET', KEYS[4], 'until', ARGV[2])
-if redis.call('ZCARD', KEYS[3]) > ` + itoaConst(changeLog) + ` then
-  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -` + itoaConst(changeLog+1) + `)
+if redis.call('ZCARD', KEYS[3]) > ` + strconv.Itoa(changeLog) + ` then
+  redis.call('ZREMRANGEBYRANK', KEYS[3], 0, -` + strconv.Itoa(changeLog+1) + `)
   local oldest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
   redis.call('HSET', KEYS[4], 'floor', tonumber(oldest[2]) - 1)
 end
@@ -137,5 +137,3 @@ for j = 1, #changed, 1000 do
 end
 return out
 `)
-
-func itoaConst(i int) string { return strconv.Itoa(i) }

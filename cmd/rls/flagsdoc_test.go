@@ -59,7 +59,7 @@ func flagPage(name string) string {
 		return "redis.md"
 	case name == "region", strings.HasPrefix(name, "global-"):
 		return "multi-region.md"
-	case strings.HasPrefix(name, "grpc-tls-"), name == "caller-policy", name == "admin-token-file":
+	case strings.HasPrefix(name, "grpc-tls-"), strings.HasPrefix(name, "http-tls-"), name == "caller-policy", name == "admin-token-file":
 		return "security.md"
 	case strings.HasPrefix(name, "config"), name == "merge-domains", name == "shadow-mode", name == "quota-mode",
 		name == "overrides", name == "override-max-period", strings.HasPrefix(name, "response-header"):

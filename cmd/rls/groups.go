@@ -19,7 +19,7 @@ var serveGroups = []struct{ name, title string }{
 // group claims, which TestServeFlagsGrouped refuses.
 func serveGroup(name string) string {
 	switch name {
-	case "grpc-addr", "http-addr", "grpc-reflection", "grpc-keepalive-min-time", "grpc-max-connection-age",
+	case "grpc-addr", "http-addr", "http-tls-cert", "http-tls-key", "http-tls-client-ca", "grpc-reflection", "grpc-keepalive-min-time", "grpc-max-connection-age",
 		"grpc-max-connection-age-grace", "grpc-max-connection-idle", "grpc-stream-workers",
 		"shutdown-delay", "shutdown-timeout":
 		return "listeners"

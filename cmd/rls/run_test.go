@@ -142,6 +142,8 @@ func TestBadValuesExit64(t *testing.T) {
 		{"new keys", nil, []string{"RLS_MAX_NEW_KEYS_PER_CALLER=-1"}, []string{"RLS_MAX_NEW_KEYS_PER_CALLER -1: want 0 (no bound) or more"}},
 		{"client CA without a certificate", []string{"--grpc-tls-client-ca", file}, nil, []string{"--grpc-tls-client-ca needs --grpc-tls-cert and --grpc-tls-key"}},
 		{"client SAN without a CA", []string{"--grpc-tls-cert", file, "--grpc-tls-key", file, "--grpc-tls-client-san", "x"}, nil, []string{"--grpc-tls-client-san needs --grpc-tls-client-ca"}},
+		{"HTTP certificate without its key", []string{"--http-tls-cert", file}, nil, []string{"--http-tls-cert and --http-tls-key go together"}},
+		{"HTTP client CA without a certificate", []string{"--http-tls-client-ca", file}, nil, []string{"--http-tls-client-ca needs --http-tls-cert and --http-tls-key"}},
 		{"HTTP timeout", []string{"--http-read-timeout", "0s"}, nil, []string{"--http-read-timeout 0s: must be > 0"}},
 		{"HTTP header bytes", []string{"--http-max-header-bytes", "0"}, nil, []string{"--http-max-header-bytes 0: must be > 0"}},
 		{"pprof without a debug listener", []string{"--debug", "--debug-addr", ""}, nil, []string{"--debug serves pprof on the debug listener: it needs --debug-addr"}},

@@ -8,10 +8,10 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"io"
 	"math/big"
 	"net"
-	"net/http/httptest"
-	"net/http/httputil"
+	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
@@ -126,8 +126,8 @@ func binaryRun(t *testing.T, env []string, args ...string) (code int, stdout, st
 // serving gRPC over mutual TLS under a caller policy: check is answered or refused as the policy
 // says of the caller its --tls-cert names; it is refused without a client certificate, without
 // the CA that verifies rls, or when the server's name is not --tls-server-name; RLS_TLS_*
-// variables do what the flags do. inspect and reset reach the HTTP listener through a proxy
-// that terminates mutual TLS, as an ingress does (rls's HTTP listener has no TLS).
+// variables do what the flags do. inspect and reset reach the HTTP listener over mutual TLS
+// too (--http-tls-*), under the same policy; its probes need no client certificate.
 func TestCommandsOverMutualTLS(t *testing.T) {
 	pki := newTestPKI(t)
 	opsCert, opsKey := pki.client(t, "ops", "spiffe://test.local/ns/ops/sa/operator")
@@ -154,6 +154,7 @@ func TestCommandsOverMutualTLS(t *testing.T) {
 		"--config", filepath.Join(dir, "rules"), "--caller-policy", filepath.Join(dir, "etc", "policy.yaml"),
 		"--admin-token-file", filepath.Join(dir, "etc", "token"),
 		"--grpc-tls-cert", pki.serverCert, "--grpc-tls-key", pki.serverKey, "--grpc-tls-client-ca", pki.caFile,
+		"--http-tls-cert", pki.serverCert, "--http-tls-key", pki.serverKey, "--http-tls-client-ca", pki.caFile,
 	}})
 	ops := []string{"--tls-ca", pki.caFile, "--tls-cert", opsCert, "--tls-key", opsKey}
 	check := func(extra ...string) []string { return append([]string{"check", "--addr", p.GRPCAddr}, extra...) }
@@ -193,21 +194,28 @@ func TestCommandsOverMutualTLS(t *testing.T) {
 		})
 	}
 
-	// inspect and reset, through a proxy terminating mutual TLS in front of the HTTP listener.
-	target, err := url.Parse("http://" + p.HTTPAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	proxy := httptest.NewUnstartedServer(httputil.NewSingleHostReverseProxy(target))
-	serverCert, err := tls.LoadX509KeyPair(pki.serverCert, pki.serverKey)
-	if err != nil {
-		t.Fatal(err)
-	}
+	// inspect and reset, over the HTTP listener's own mutual TLS.
+	httpsURL := "https://" + p.HTTPAddr
+	// Probes and scrapes need no client certificate; POST /json does.
 	pool := x509.NewCertPool()
 	pool.AddCert(pki.ca)
-	proxy.TLS = &tls.Config{Certificates: []tls.Certificate{serverCert}, ClientCAs: pool, ClientAuth: tls.RequireAndVerifyClientCert}
-	proxy.StartTLS()
-	t.Cleanup(proxy.Close)
+	anon := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, ServerName: "rls.test"}}}
+	for path, want := range map[string]int{"/readyz": 200, "/metrics": 200, "/json": http.StatusUnauthorized} {
+		method, body := http.MethodGet, io.Reader(nil)
+		if path == "/json" {
+			method, body = http.MethodPost, strings.NewReader(`{"domain":"shop","descriptors":[{"entries":[{"key":"user","value":"u9"}]}]}`)
+		}
+		req, _ := http.NewRequest(method, httpsURL+path, body)
+		resp, err := anon.Do(req)
+		if err != nil {
+			t.Fatalf("%s without a client certificate: %v", path, err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode != want {
+			t.Errorf("%s without a client certificate: %d, want %d", path, resp.StatusCode, want)
+		}
+	}
+	otherTLS := []string{"--tls-ca", pki.caFile, "--tls-cert", otherCert, "--tls-key", otherKey}
 	token := filepath.Join(dir, "etc", "token")
 	for _, tc := range []struct {
 		name string
@@ -215,11 +223,18 @@ func TestCommandsOverMutualTLS(t *testing.T) {
 		code int
 		want string
 	}{
-		{"inspect over mutual TLS", append([]string{"inspect", "--http-url", proxy.URL, "--domain", "shop", "user=u1"}, ops...), 0, `"remaining": 0`},
-		{"a bare host:port with TLS flags is https", append([]string{"inspect", "--http-url", strings.TrimPrefix(proxy.URL, "https://"), "--domain", "shop", "user=u1"}, ops...), 0,
+		{"inspect over mutual TLS", append([]string{"inspect", "--http-url", httpsURL, "--domain", "shop", "user=u1"}, ops...), 0, `"remaining": 0`},
+		{"a bare host:port with TLS flags is https", append([]string{"inspect", "--http-url", p.HTTPAddr, "--domain", "shop", "user=u1"}, ops...), 0,
 			`"remaining": 0`},
-		{"inspect without a client certificate", []string{"inspect", "--http-url", proxy.URL, "--tls-ca", pki.caFile, "--domain", "shop", "user=u1"}, 1, "certificate required"},
-		{"reset over mutual TLS", append([]string{"reset", "--http-url", proxy.URL, "--admin-token-file", token, "--domain", "shop", "user=u1"}, ops...), 0, `"remaining": 2`},
+		{"inspect without a client certificate", []string{"inspect", "--http-url", httpsURL, "--tls-ca", pki.caFile, "--domain", "shop", "user=u1"}, 1,
+			"client certificate signed by --http-tls-client-ca is required"},
+		{"the policy refuses inspect of another domain", append([]string{"inspect", "--http-url", httpsURL, "--domain", "billing", "account=a"}, ops...), 1,
+			`may not ask about domain "billing"`},
+		{"the policy refuses inspect by a caller it does not name", append([]string{"inspect", "--http-url", httpsURL, "--domain", "shop", "user=u1"}, otherTLS...), 1,
+			"caller policy"},
+		{"reset refused by the policy", append([]string{"reset", "--http-url", httpsURL, "--admin-token-file", token, "--domain", "billing", "account=a"}, ops...), 1,
+			"caller policy"},
+		{"reset over mutual TLS", append([]string{"reset", "--http-url", httpsURL, "--admin-token-file", token, "--domain", "shop", "user=u1"}, ops...), 0, `"remaining": 2`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			code, out, errOut := binaryRun(t, nil, tc.args...)

@@ -9,6 +9,7 @@ package rlstest
 
 import (
 	"bytes"
+	"crypto/tls"
 	"fmt"
 	"net/http"
 	"os"
@@ -149,6 +150,7 @@ type Proc struct {
 	exitErr error
 	mu      sync.Mutex
 	stopped bool // SIGSTOP sent and not yet resumed
+	httpTLS bool // --http-tls-cert given: the HTTP listener speaks TLS
 }
 
 // Start starts rls with opts, waits until /readyz answers 200, and stops the process when the
@@ -174,6 +176,7 @@ func Start(t testing.TB, opts Options) *Proc {
 	}
 	args = append(args, "--log-format", "text")
 	p := Launch(t, Binary(t), opts.Env, args...)
+	p.httpTLS = strings.Contains(joined, "--http-tls-cert")
 	p.WaitReady(t)
 	return p
 }
@@ -239,7 +242,13 @@ func (p *Proc) ready() bool {
 		return false
 	}
 	c := http.Client{Timeout: time.Second}
-	resp, err := c.Get("http://" + p.HTTPAddr + "/readyz")
+	scheme := "http"
+	if p.httpTLS {
+		// As a kubelet's probe: over TLS, the server's certificate not verified.
+		scheme = "https"
+		c.Transport = &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}
+	}
+	resp, err := c.Get(scheme + "://" + p.HTTPAddr + "/readyz")
 	if err != nil {
 		return false
 	}

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
@@ -219,7 +220,18 @@ func (s *Server) buildHTTP(context.Context) error {
 	if err != nil {
 		return err
 	}
-	s.http = c.HTTP.server(mountKeys(mainMux(s.svc, s.ready, s.statsd.gatherer, s.reg), s.svc, token, s.log, s.warn))
+	guard := func(h http.Handler) http.Handler { return h }
+	var tlsCfg *tls.Config
+	if c.HTTP.TLSCert != "" {
+		if tlsCfg, err = serverTLS("--http-tls", c.HTTP.TLSCert, c.HTTP.TLSKey, c.HTTP.TLSClientCA, "", tls.VerifyClientCertIfGiven); err != nil {
+			return err
+		}
+		if c.HTTP.TLSClientCA != "" {
+			guard = requireClientCert
+		}
+	}
+	s.http = c.HTTP.server(mountKeys(mainMux(s.svc, s.ready, s.statsd.gatherer, s.reg, guard), s.svc, token, s.log, s.warn, guard))
+	s.http.TLSConfig = tlsCfg
 	if c.Debug.Addr != "" {
 		s.debug = c.HTTP.debugServer(debugMux(s.svc, s.rlqs, c.Debug.Pprof))
 	}
@@ -241,6 +253,9 @@ func (s *Server) listen(ctx context.Context) (err error) {
 	s.grpcL = limitConns(s.grpcL, connLimits{max: c.GRPC.MaxConnections, perSource: c.GRPC.MaxConnsPerSource}, s.reg, s.warn)
 	if s.httpL, err = lc.Listen(ctx, "tcp", c.HTTP.Addr); err != nil {
 		return fmt.Errorf("--http-addr: %w", err)
+	}
+	if s.http.TLSConfig != nil {
+		s.httpL = tls.NewListener(s.httpL, s.http.TLSConfig)
 	}
 	if s.debug != nil {
 		if s.debugL, err = lc.Listen(ctx, "tcp", c.Debug.Addr); err != nil {

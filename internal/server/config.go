@@ -94,7 +94,10 @@ type GRPCConfig struct {
 
 // HTTPConfig is the HTTP listener's; its limits bound the debug and metrics listeners too.
 type HTTPConfig struct {
-	Addr string // --http-addr
+	Addr        string // --http-addr
+	TLSCert     string // --http-tls-cert
+	TLSKey      string // --http-tls-key
+	TLSClientCA string // --http-tls-client-ca
 	HTTPLimits
 }
 

@@ -26,32 +26,44 @@ func grpcCredentials(c GRPCConfig) (grpc.ServerOption, error) {
 	if c.TLSCert == "" && c.TLSKey == "" {
 		return nil, nil // with a client CA or name: refused by Validate
 	}
-	cert, err := tls.LoadX509KeyPair(c.TLSCert, c.TLSKey)
+	cfg, err := serverTLS("--grpc-tls", c.TLSCert, c.TLSKey, c.TLSClientCA, c.TLSClientSAN, tls.RequireAndVerifyClientCert)
 	if err != nil {
-		return nil, fmt.Errorf("--grpc-tls-cert/--grpc-tls-key: %w", err)
-	}
-	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
-	if c.TLSClientCA != "" {
-		pem, err := os.ReadFile(c.TLSClientCA)
-		if err != nil {
-			return nil, fmt.Errorf("--grpc-tls-client-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("--grpc-tls-client-ca %s: no PEM certificates", c.TLSClientCA)
-		}
-		cfg.ClientCAs = pool
-		cfg.ClientAuth = tls.RequireAndVerifyClientCert
-		if san := c.TLSClientSAN; san != "" {
-			cfg.VerifyConnection = func(cs tls.ConnectionState) error {
-				if len(cs.PeerCertificates) > 0 && hasSAN(cs.PeerCertificates[0], san) {
-					return nil
-				}
-				return fmt.Errorf("client certificate does not name %q", san)
-			}
-		}
+		return nil, err
 	}
 	return grpc.Creds(credentials.NewTLS(cfg)), nil
+}
+
+// serverTLS is a listener's TLS configuration: its certificate and key, and with clientCA, client
+// certificates verified against it (clientAuth says whether one is required) and, with san, one
+// that names san required. prefix names the listener's flags in errors.
+func serverTLS(prefix, certFile, keyFile, clientCA, san string, clientAuth tls.ClientAuthType) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(certFile, keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("%s-cert/%s-key: %w", prefix, prefix, err)
+	}
+	cfg := &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+	if clientCA == "" {
+		return cfg, nil
+	}
+	pem, err := os.ReadFile(clientCA)
+	if err != nil {
+		return nil, fmt.Errorf("%s-client-ca: %w", prefix, err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, fmt.Errorf("%s-client-ca %s: no PEM certificates", prefix, clientCA)
+	}
+	cfg.ClientCAs = pool
+	cfg.ClientAuth = clientAuth
+	if san != "" {
+		cfg.VerifyConnection = func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) > 0 && hasSAN(cs.PeerCertificates[0], san) {
+				return nil
+			}
+			return fmt.Errorf("client certificate does not name %q", san)
+		}
+	}
+	return cfg, nil
 }
 
 // hasSAN reports whether cert names san among its DNS names, URIs, e-mail addresses or IPs.

@@ -50,13 +50,14 @@ func (l HTTPLimits) server(h http.Handler) *http.Server {
 }
 
 // mainMux is the HTTP listener's (--http-addr): probes, metrics, POST /json and /v1/keys (a
-// descriptor's state; its reset only with --admin-token-file). It shows no rules.
-func mainMux(svc *service.Service, ready *readiness, g prometheus.Gatherer, reg prometheus.Registerer) *http.ServeMux {
+// descriptor's state; its reset only with --admin-token-file). It shows no rules. guard wraps the
+// endpoints that ask about limits (/json, /v1/keys): see requireClientCert.
+func mainMux(svc *service.Service, ready *readiness, g prometheus.Gatherer, reg prometheus.Registerer, guard func(http.Handler) http.Handler) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "ok\n") })
 	mux.Handle("GET /readyz", ready)
 	mux.HandleFunc("GET /healthcheck", ready.healthcheck) // envoyproxy/ratelimit's readiness path
-	mux.Handle("/json", svc.JSONHandler())
+	mux.Handle("/json", guard(svc.JSONHandler()))
 	mux.Handle("GET /metrics", promhttp.HandlerFor(g, promhttp.HandlerOpts{Registry: reg}))
 	return mux
 }

@@ -29,8 +29,8 @@ func loadAdminToken(path string) ([]byte, error) {
 	return token, nil
 }
 
-// mountKeys adds /v1/keys to mux and returns it; token nil turns resetting off.
-func mountKeys(mux *http.ServeMux, svc *service.Service, token []byte, log *slog.Logger, warn *logthrottle.Throttle) *http.ServeMux {
-	mux.Handle("/v1/keys", svc.KeysHandler(service.KeysOptions{AdminToken: token, Logger: log, Warnings: warn}))
+// mountKeys adds /v1/keys, wrapped by guard, to mux and returns it; token nil turns resetting off.
+func mountKeys(mux *http.ServeMux, svc *service.Service, token []byte, log *slog.Logger, warn *logthrottle.Throttle, guard func(http.Handler) http.Handler) *http.ServeMux {
+	mux.Handle("/v1/keys", guard(svc.KeysHandler(service.KeysOptions{AdminToken: token, Logger: log, Warnings: warn})))
 	return mux
 }

@@ -111,8 +111,9 @@ func (cp *callerPolicy) authorizer() func(context.Context, *rlsv3.RateLimitReque
 	return cp.authorize
 }
 
-// authorize checks req against the policy for the caller of ctx: over gRPC, the names of the
-// client certificate rls verified; over POST /json, or without mTLS, none (the default entry).
+// authorize checks req against the policy for the caller of ctx: the names of the client
+// certificate rls verified (over gRPC, or over HTTP with --http-tls-client-ca); without one,
+// none (the default entry).
 func (cp *callerPolicy) authorize(ctx context.Context, req *rlsv3.RateLimitRequest) error {
 	err := cp.cur.Load().Check(callerIdentities(ctx), req)
 	if err == nil {
@@ -125,9 +126,12 @@ func (cp *callerPolicy) authorize(ctx context.Context, req *rlsv3.RateLimitReque
 	return status.Error(codes.PermissionDenied, err.Error())
 }
 
-// callerIdentities are the names of the verified client certificate of ctx's gRPC peer; none
-// without one.
+// callerIdentities are the names of the verified client certificate of ctx's caller, over gRPC
+// or over HTTP with --http-tls-client-ca (see requireClientCert); none without one.
 func callerIdentities(ctx context.Context) []string {
+	if ids, ok := ctx.Value(httpCallerKey{}).([]string); ok {
+		return ids
+	}
 	p, ok := peer.FromContext(ctx)
 	if !ok {
 		return nil

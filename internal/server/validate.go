@@ -25,6 +25,7 @@ func (c Config) Validate() error {
 		c.Log.validate(),
 		c.GRPC.validate(),
 		c.HTTP.validate(),
+		c.HTTP.validateTLS(),
 		c.Debug.validate(),
 		c.Metrics.validate(),
 		c.Reload.validate(),
@@ -112,6 +113,18 @@ func (g GRPCConfig) validate() error {
 		errs = append(errs, errors.New("--grpc-tls-client-san needs --grpc-tls-client-ca"))
 	}
 	return errors.Join(errs...)
+}
+
+// validateTLS checks the HTTP listener's TLS flags: a certificate and its key together, and a
+// client CA only with them.
+func (h HTTPConfig) validateTLS() error {
+	switch {
+	case (h.TLSCert == "") != (h.TLSKey == ""):
+		return errors.New("--http-tls-cert and --http-tls-key go together")
+	case h.TLSCert == "" && h.TLSClientCA != "":
+		return errors.New("--http-tls-client-ca needs --http-tls-cert and --http-tls-key")
+	}
+	return nil
 }
 
 func (l HTTPLimits) validate() error {

@@ -14,6 +14,7 @@ import (
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/status"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
@@ -100,6 +101,13 @@ func (s *Service) KeysHandler(opts KeysOptions) http.Handler {
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusBadRequest)
 			return
+		}
+		// The caller policy decides what a caller may ask about, its state included.
+		if s.authorize != nil {
+			if err := s.authorize(r.Context(), req); err != nil {
+				http.Error(w, status.Convert(err).Message(), http.StatusForbidden)
+				return
+			}
 		}
 		rs := s.Rules()
 		if rs == nil {

@@ -26,7 +26,7 @@ func BenchmarkLimit(b *testing.B) {
 	b.RunParallel(func(pb *testing.PB) {
 		i := 0
 		for pb.Next() {
-			if _, err := n.Limit(ctx, keys[i%len(keys)], l, 1); err != nil {
+			if _, _, err := n.Limit(ctx, keys[i%len(keys)], l, 1); err != nil {
 				b.Fatal(err)
 			}
 			i++

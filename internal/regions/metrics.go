@@ -19,6 +19,7 @@ type nodeStats struct {
 	grants             atomic.Uint64 // coordinator: grants made
 	steps, failures    atomic.Uint64 // coordinator: steps committed, failed
 	refused            atomic.Uint64 // agent: keys not reported, --global-max-keys being known
+	late               atomic.Uint64 // decisions answered after their shares' instant: denied
 }
 
 var (
@@ -33,6 +34,7 @@ var (
 	descGrants     = prometheus.NewDesc("rls_global_reallocations_total", "Coordinator: shares granted (each a new version of a region's share of a key).", nil, nil)
 	descSteps      = prometheus.NewDesc("rls_global_coordinator_steps_total", "Coordinator: steps committed to the coordination store.", nil, nil)
 	descRefused    = prometheus.NewDesc("rls_global_keys_refused_total", "Agent: global keys asked for but not reported (no share: denied) because --global-max-keys were known.", nil, nil)
+	descLate       = prometheus.NewDesc("rls_global_late_total", "Decisions on global keys answered after the instant their region's share was good until (this process paused or starved between reading its share and Redis's answer): denied, since Redis may have decided them after the share moved to other regions; what they charged stays charged.", nil, nil)
 	descStepErrors = prometheus.NewDesc("rls_global_coordinator_step_errors_total", "Coordinator: steps that failed (the store did not answer, or the role was lost).", nil, nil)
 )
 
@@ -43,7 +45,7 @@ type collector struct{ n *Node }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descRole, descTableKeys, descTableAge, descLag, descLease, descCutOff, descHeld,
-		descDemand, descGrants, descSteps, descStepErrors, descRefused} {
+		descDemand, descGrants, descSteps, descStepErrors, descRefused, descLate} {
 		ch <- d
 	}
 }
@@ -71,6 +73,7 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(descGrants, prometheus.CounterValue, float64(s.grants.Load()))
 	ch <- prometheus.MustNewConstMetric(descSteps, prometheus.CounterValue, float64(s.steps.Load()))
 	ch <- prometheus.MustNewConstMetric(descStepErrors, prometheus.CounterValue, float64(s.failures.Load()))
+	ch <- prometheus.MustNewConstMetric(descLate, prometheus.CounterValue, float64(s.late.Load()))
 }
 
 func b2f(b bool) float64 {

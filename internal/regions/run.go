@@ -186,24 +186,31 @@ func (n *Node) every(d time.Duration, f func(ctx context.Context)) {
 }
 
 // Limit returns the limit to decide key by under l (a Shared limit): l with the region's share
-// of its rate and burst, zero before any grant. cost is counted as the key's demand.
-func (n *Node) Limit(ctx context.Context, key string, l limit.Limit, cost int64) (limit.Limit, error) {
+// of its rate and burst, zero before any grant, and the instant until which that share is this
+// region's: a decision answered later may have been taken after it moved to other regions
+// (this process paused or starved between here and Redis), and must not admit (see Late). cost
+// is counted as the key's demand.
+func (n *Node) Limit(ctx context.Context, key string, l limit.Limit, cost int64) (limit.Limit, time.Time, error) {
 	n.count(key, l, cost)
 	// The decision runs in the store up to its budget from now: the table must be good until
 	// then.
 	v, at := n.view.Load(), n.mono()+int64(n.cfg.DecisionBudget)
 	if v.Stale(at) {
 		if err := n.fetch(ctx); err != nil {
-			return l, fmt.Errorf("%w: %v", ErrNoTable, err)
+			return l, time.Time{}, fmt.Errorf("%w: %v", ErrNoTable, err)
 		}
 		if v, at = n.view.Load(), n.mono()+int64(n.cfg.DecisionBudget); v.Stale(at) {
-			return l, ErrNoTable
+			return l, time.Time{}, ErrNoTable
 		}
 	}
 	s := v.Share(key, Share{l.Rate, l.Burst}, at)
 	l.Rate, l.Burst = s.Rate, s.Burst
-	return l, nil
+	return l, n.start.Add(time.Duration(v.GoodUntil(at))), nil
 }
+
+// Late counts decisions on global keys answered after their shares' instant (see Limit), which
+// the backend therefore denied.
+func (n *Node) Late(decisions int) { n.stats.late.Add(uint64(decisions)) }
 
 func (n *Node) count(key string, l limit.Limit, cost int64) {
 	if cost <= 0 {

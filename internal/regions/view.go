@@ -33,5 +33,16 @@ func (v *View) Share(key string, lim Share, now int64) Share {
 	return s
 }
 
+// GoodUntil returns the instant until which the shares Share gives at at hold: the end of the
+// view's lease and, while the table has not ended at at, the table's end (after it, the safe
+// shares hold, which are the region's whatever the others are given).
+func (v *View) GoodUntil(at int64) int64 {
+	until := v.fetched + int64(v.lease)
+	if at < v.until {
+		until = min(until, v.until)
+	}
+	return until
+}
+
 // Version returns the version of key's share in the view (0: none).
 func (v *View) Version(key string) uint64 { return v.pub.Versions[key] }

@@ -122,7 +122,7 @@ func startRegions(c Config, b backend.Backend, log *slog.Logger) (*regions.Node,
 		local.Close()
 		return nil, err
 	}
-	rb.SetShares(n.Limit)
+	rb.SetShares(n)
 	log.Info("global limits across regions", "region", rc.Region, "global", redisbackend.RedactURL(rc.GlobalURL),
 		"global_domains", rc.GlobalDomains, "safe_share", rc.Safe, "interval", rc.Interval, "lease", rc.Lease)
 	return n, nil

@@ -93,8 +93,8 @@ type Backend struct {
 	single *node        // single node and Sentinel
 	topo   *clusterTopo // Cluster
 
-	leases *leases                   // the layer over the core that Decide calls when leases are on; nil when off
-	shares atomic.Pointer[ShareFunc] // the region's shares of global limits (SetShares)
+	leases *leases                // the layer over the core that Decide calls when leases are on; nil when off
+	shares atomic.Pointer[Shares] // the region's shares of global limits (SetShares)
 
 	target    Target
 	probeTO   time.Duration
@@ -130,30 +130,68 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 	if len(out) < len(reqs) {
 		return false, fmt.Errorf("redis backend: %d decisions for %d requests", len(out), len(reqs))
 	}
-	if f := b.shares.Load(); f != nil {
-		var err error
-		if reqs, err = applyShares(ctx, *f, reqs); err != nil {
+	if s := b.shares.Load(); s != nil {
+		shared, until, err := applyShares(ctx, *s, reqs)
+		if err != nil {
 			return false, err
 		}
+		if !until.IsZero() {
+			return b.decideShared(ctx, *s, shared, out[:len(reqs)], until)
+		}
 	}
-	if b.leases != nil {
-		return b.leases.Decide(ctx, reqs, out[:len(reqs)])
-	}
-	return b.core.Decide(ctx, reqs, out[:len(reqs)])
+	return b.decide(ctx, reqs, out[:len(reqs)])
 }
 
-// ShareFunc returns the limit to decide key by under l, a Shared limit: this region's share of
-// it (package regions). cost is the request's, counted as demand.
-type ShareFunc func(ctx context.Context, key string, l limit.Limit, cost int64) (limit.Limit, error)
+func (b *Backend) decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
+	if b.leases != nil {
+		return b.leases.Decide(ctx, reqs, out)
+	}
+	return b.core.Decide(ctx, reqs, out)
+}
 
-// SetShares makes every request of a Shared limit decided under f's share of it. Requests that
+// decideShared decides reqs, which hold the region's shares of global limits good until until
+// (see applyShares). An answer that comes after until may have been decided by Redis after the
+// shares moved to other regions (this process paused or starved between reading them and
+// Redis), so it does not admit: its global requests are denied, and what the batch charged
+// stays charged (a loss to this region only, never an excess of the global limit).
+func (b *Backend) decideShared(ctx context.Context, s Shares, reqs []backend.Request, out []backend.Decision, until time.Time) (bool, error) {
+	admitted, err := b.decide(ctx, reqs, out)
+	if err != nil || !time.Now().After(until) {
+		return admitted, err
+	}
+	late := 0
+	for i := range reqs {
+		if reqs[i].Limit.Shared && !reqs[i].Limit.Overdraft && out[i].Allowed {
+			out[i] = backend.Decision{RetryAfter: max(out[i].ResetAfter, time.Millisecond), ResetAfter: out[i].ResetAfter}
+			late++
+		}
+	}
+	if late > 0 {
+		s.Late(late)
+	}
+	return backend.Admitted(reqs, out), nil
+}
+
+// Shares gives the region's shares of global limits (package regions).
+type Shares interface {
+	// Limit returns the limit to decide key by under l, a Shared limit: this region's share
+	// of it, and the instant until which that share is the region's. cost is the request's,
+	// counted as demand.
+	Limit(ctx context.Context, key string, l limit.Limit, cost int64) (limit.Limit, time.Time, error)
+	// Late counts decisions answered after their shares' instant, and so denied.
+	Late(decisions int)
+}
+
+// SetShares makes every request of a Shared limit decided under s's share of it. Requests that
 // also have Overdraft are the regions' own charges and carry their share already.
-func (b *Backend) SetShares(f ShareFunc) { b.shares.Store(&f) }
+func (b *Backend) SetShares(s Shares) { b.shares.Store(&s) }
 
-// applyShares returns reqs with each Shared limit replaced by f's share of it: a copy when any
-// is, reqs itself otherwise.
-func applyShares(ctx context.Context, f ShareFunc, reqs []backend.Request) ([]backend.Request, error) {
+// applyShares returns reqs with each Shared limit replaced by s's share of it (a copy when any
+// is, reqs itself otherwise) and the earliest instant until which those shares hold (zero when
+// none is shared).
+func applyShares(ctx context.Context, s Shares, reqs []backend.Request) ([]backend.Request, time.Time, error) {
 	var out []backend.Request
+	var until time.Time
 	for i := range reqs {
 		r := &reqs[i]
 		if !r.Limit.Shared || r.Limit.Overdraft {
@@ -166,16 +204,19 @@ func applyShares(ctx context.Context, f ShareFunc, reqs []backend.Request) ([]ba
 		if r.Refund {
 			cost = 0
 		}
-		l, err := f(ctx, r.Key, r.Limit, cost)
+		l, good, err := s.Limit(ctx, r.Key, r.Limit, cost)
 		if err != nil {
-			return nil, err
+			return nil, time.Time{}, err
 		}
 		out[i].Limit = l
+		if until.IsZero() || good.Before(until) {
+			until = good
+		}
 	}
 	if out == nil {
-		return reqs, nil
+		return reqs, time.Time{}, nil
 	}
-	return out, nil
+	return out, until, nil
 }
 
 // clock is the backend's monotonic clock.

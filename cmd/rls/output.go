@@ -30,7 +30,7 @@ type checkStatus struct {
 	Code         string      `json:"code"`
 	CurrentLimit *checkLimit `json:"current_limit"` // null: no rule limits the descriptor
 	Remaining    uint32      `json:"limit_remaining"`
-	ResetAfter   float64     `json:"duration_until_reset_seconds"`
+	ResetAfter   *float64    `json:"duration_until_reset_seconds"` // null: rls said none (no wait admits a cost above the burst)
 }
 
 // checkLimit is the limit a descriptor matched.
@@ -57,7 +57,8 @@ func writeCheck(w io.Writer, resp *rlsv3.RateLimitResponse) error {
 	for _, st := range resp.GetStatuses() {
 		s := checkStatus{Code: st.GetCode().String(), Remaining: st.GetLimitRemaining()}
 		if d := st.GetDurationUntilReset(); d != nil {
-			s.ResetAfter = d.AsDuration().Seconds()
+			secs := d.AsDuration().Seconds()
+			s.ResetAfter = &secs
 		}
 		if l := st.GetCurrentLimit(); l != nil {
 			s.CurrentLimit = &checkLimit{Name: l.GetName(), RequestsPerUnit: l.GetRequestsPerUnit(), Unit: strings.ToLower(l.GetUnit().String())}

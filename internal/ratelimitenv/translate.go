@@ -554,7 +554,7 @@ func (r *reader) redis() {
 	r.notice("REDIS_POOL_ON_EMPTY_BEHAVIOR", "rls waits for a free connection only within a decision's budget (--redis-timeout); --redis-pool-size sets the pool")
 	r.noticeAll("rls starts without waiting for Redis: decisions get the failure mode until Redis answers, probed every 500ms",
 		"REDIS_STARTUP_INITIAL_INTERVAL", "REDIS_STARTUP_MAX_INTERVAL", "REDIS_STARTUP_MAX_ELAPSED_TIME")
-	r.notice("EXPIRATION_JITTER_MAX_SECONDS", "rls has no fixed windows that expire together: a key expires when it is back to a full burst")
+	r.notice("EXPIRATION_JITTER_MAX_SECONDS", "rls adds no jitter: a GCRA key (the default algorithm) expires when it is back to a full burst, so keys do not expire together; algorithm: fixed_window keys expire together at their window's end")
 	r.notice("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT", "rls never charges a denied request, from any of its descriptors, "+
 		"but where a limit has overdraft (a rule's overdraft: true, or RLS_OVERDRAFT=true for every rule): then hits reported past it are charged, into debt")
 }

@@ -387,6 +387,7 @@ func TestNotices(t *testing.T) {
 		{"both ca cert names", []string{"USE_STATSD=true", "GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/c", "GRPC_SERVER_TLS_KEY=/k", "GRPC_SERVER_TLS_CA_CERT=/eg-ca", "GRPC_CLIENT_TLS_CACERT=/own-ca"},
 			map[string]string{"GRPC_SERVER_TLS_CA_CERT": "GRPC_CLIENT_TLS_CACERT is set too, to another file, and wins: client certificates are verified against /own-ca"}},
 		{"dynamic metadata", []string{"USE_STATSD=true", "RESPONSE_DYNAMIC_METADATA=true"}, map[string]string{"RESPONSE_DYNAMIC_METADATA": "dynamic_metadata"}},
+		{"expiration jitter", []string{"USE_STATSD=true", "EXPIRATION_JITTER_MAX_SECONDS=300"}, map[string]string{"EXPIRATION_JITTER_MAX_SECONDS": "fixed_window keys expire together"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			res, err := Translate(tc.env)

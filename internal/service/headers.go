@@ -110,10 +110,12 @@ func (m HeaderMode) build(statuses []*rlsv3.RateLimitResponse_DescriptorStatus, 
 	default:
 		return nil
 	}
+	// Retry-After: the longest wait of the denials that say one (a cost above the burst says
+	// none: no wait admits it, and none of those alone sends the header).
 	denied := false
 	var retry time.Duration
 	for _, st := range statuses {
-		if st.GetCurrentLimit() != nil && st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT {
+		if st.GetCurrentLimit() != nil && st.GetCode() == rlsv3.RateLimitResponse_OVER_LIMIT && st.GetDurationUntilReset() != nil {
 			denied = true
 			retry = max(retry, st.GetDurationUntilReset().AsDuration())
 		}

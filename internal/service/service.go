@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
-	"math/bits"
 	"slices"
 	"strconv"
 	"sync"
@@ -281,7 +280,9 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 			return s.failed(ctx, req, w, err)
 		}
 	}
-	return s.response(req, w, admitted), nil
+	resp := s.response(req, w, admitted)
+	s.debugDecision(ctx, req, resp)
+	return resp, nil
 }
 
 // translate turns a validated request into its backend requests, one item per limit of each
@@ -529,12 +530,14 @@ func setStatus(st *rlsv3.RateLimitResponse_DescriptorStatus, it *item) {
 	wait := d.ResetAfter
 	if !d.Allowed {
 		wait = d.RetryAfter
-		if wait <= 0 && it.req.Cost > it.req.Limit.Burst {
-			// A cost above the burst never passes: never answer "retry now".
-			wait = fullSpan(it.req.Limit)
-		}
 		if it.req.Mode != backend.Shadow {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
+		}
+		if it.req.Cost > it.req.Limit.Burst && !it.req.Limit.Overdraft {
+			// A cost above the burst is never admitted, however long it waits: the status
+			// says no time (neither "retry now" nor a wait that would not help).
+			st.DurationUntilReset = nil
+			return
 		}
 	}
 	st.DurationUntilReset = durationpb.New(wait)
@@ -626,27 +629,6 @@ func (m *responseMetadata) build(log *slog.Logger) *structpb.Struct {
 		return nil
 	}
 	return md
-}
-
-// fullSpan is the time a limit takes to refill a whole burst, Burst×Period/Rate (Period for a
-// rate of 0), rounded up to a whole second and never zero.
-func fullSpan(l limit.Limit) time.Duration {
-	if l.Rate <= 0 || l.Burst <= 0 {
-		return max(l.Period, time.Second)
-	}
-	hi, lo := bits.Mul64(uint64(l.Burst), uint64(max(l.Period, 0)))
-	if hi >= uint64(l.Rate) {
-		return math.MaxInt64
-	}
-	q, r := bits.Div64(hi, lo, uint64(l.Rate))
-	if r != 0 {
-		q++
-	}
-	sec := uint64(time.Second)
-	if q > math.MaxInt64-sec {
-		return math.MaxInt64
-	}
-	return time.Duration(max((q+sec-1)/sec, 1) * sec)
 }
 
 // overrideLimit is the limit a descriptor's override asks for: its burst is its rate, its

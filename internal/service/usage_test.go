@@ -94,7 +94,7 @@ func TestUsageSequence(t *testing.T) {
 		{"check a microsecond before repaid", "api_key", u64(0), 0, 288*time.Second + 60*time.Millisecond - time.Microsecond, "OVER_LIMIT OVER_LIMIT", 0, time.Microsecond},
 		{"check when repaid: 0 remaining is admitted", "api_key", u64(0), 0, time.Microsecond, "OK OK", 0, 60 * time.Second},
 		{"plain: report 800", "plain_key", u64(800), 0, 0, "OK OK", 200, 48 * time.Second},
-		{"plain: report 5000 denied, not charged", "plain_key", u64(5000), 0, 0, "OVER_LIMIT OVER_LIMIT", 200, 108 * time.Second},
+		{"plain: report 5000 denied, not charged, no wait said (none admits it)", "plain_key", u64(5000), 0, 0, "OVER_LIMIT OVER_LIMIT", 200, 0},
 		{"plain: check admitted", "plain_key", u64(0), 0, 0, "OK OK", 200, 48 * time.Second},
 		{"plain: request-level hits_addend 150", "plain_key", nil, 150, 0, "OK OK", 50, 57 * time.Second},
 	} {

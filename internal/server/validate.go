@@ -35,6 +35,7 @@ func (c Config) Validate() error {
 		c.validateRegions(),
 		validateTracing(envMap(c.Env)),
 		c.Stats.validate(),
+		c.DecisionLog.validate(),
 		validateMetricExport(envMap(c.Env)),
 	)
 }

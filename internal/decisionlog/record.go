@@ -127,7 +127,7 @@ func appendString(b []byte, s string) []byte {
 
 // Parse reads one line of the decision log, checking what replay needs of it.
 func Parse(line []byte) (Record, error) {
-	var r Record
+	r := Record{HitsAddend: 1} // absent: one hit, as a request without hits_addend
 	if err := json.Unmarshal(line, &r); err != nil {
 		return r, fmt.Errorf("not a decision log record: %w", err)
 	}

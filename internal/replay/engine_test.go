@@ -1,0 +1,200 @@
+package replay
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/service"
+)
+
+// pure is a backend.Backend that is backend.DecideBatch and nothing else: every key's state in a
+// map, decided at now, stored as DecideBatch says (a state back to a full burst forgotten).
+type pure struct {
+	now    int64
+	states map[string]backend.State
+}
+
+func (p *pure) Decide(_ context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
+	cur, next := make([]backend.State, len(reqs)), make([]backend.State, len(reqs))
+	for i := range reqs {
+		cur[i] = p.states[reqs[i].Key]
+	}
+	if backend.DecideBatch(cur, reqs, p.now, out, next) {
+		for i := range reqs {
+			if laterSameKey(reqs, i) {
+				continue
+			}
+			if next[i].Fresh(p.now) {
+				delete(p.states, reqs[i].Key)
+			} else {
+				p.states[reqs[i].Key] = next[i]
+			}
+		}
+	}
+	return backend.Admitted(reqs, out), nil
+}
+
+func (p *pure) Close() error { return nil }
+
+// randomRules is a rule set of every kind of limit and option replay must decide as the
+// service does: the four algorithms, rate_limits lists, replaces, shadow and quota mode, a
+// wildcard with share_threshold, nesting and an unlimited rule, with random rates.
+func randomRules(t testing.TB, rng *rand.Rand) *descriptors.RuleSet {
+	t.Helper()
+	algs := []string{"gcra", "fixed_window", "sliding_window", "sliding_log"}
+	r := func() int { return rng.IntN(6) }
+	b := func() bool { return rng.IntN(2) == 0 }
+	yaml := fmt.Sprintf(`
+domain: d
+descriptors:
+  - key: a
+    shadow_mode: %v
+    rate_limit: {unit: second, requests_per_unit: %d, burst: %d}
+  - key: a
+    value: x
+    rate_limits:
+      - {name: fast, unit: second, requests_per_unit: %d, algorithm: %s}
+      - {name: slow, unit: minute, requests_per_unit: %d, algorithm: %s}
+  - key: b
+    quota_mode: %v
+    rate_limit: {unit: second, requests_per_unit: %d, algorithm: %s}
+  - key: c
+    quota_mode: %v
+    rate_limit: {unit: second, unit_multiplier: 3, requests_per_unit: %d, algorithm: sliding_log}
+  - key: w
+    value: "p*"
+    share_threshold: true
+    rate_limit: {unit: second, requests_per_unit: %d, algorithm: fixed_window}
+  - key: r
+    rate_limit: {name: big, unit: second, requests_per_unit: %d, replaces: [{name: fast}]}
+  - key: n
+    descriptors:
+      - key: m
+        rate_limit: {unit: second, requests_per_unit: %d, algorithm: sliding_window}
+  - key: u
+    rate_limit: {unlimited: true}
+`, b(), r()+1, r()+1, r(), algs[rng.IntN(4)], r()*5+1, algs[rng.IntN(4)], b(), r()+1, algs[rng.IntN(4)], b(), r()+1, r()+1, r()+3, r()+1)
+	rs, err := descriptors.Parse(map[string][]byte{"r.yaml": []byte(yaml)})
+	if err != nil {
+		t.Fatalf("%v\n%s", err, yaml)
+	}
+	return rs
+}
+
+// randomRequest draws a request of one to three descriptors at now.
+func randomRequest(rng *rand.Rand, now int64) *Request {
+	pool := [][]descriptors.Entry{
+		{{Key: "a", Value: "1"}}, {{Key: "a", Value: "2"}}, {{Key: "a", Value: "x"}}, {{Key: "b", Value: "1"}},
+		{{Key: "c", Value: "1"}}, {{Key: "w", Value: "p1"}}, {{Key: "w", Value: "p2"}}, {{Key: "w", Value: "q"}},
+		{{Key: "r", Value: "1"}}, {{Key: "n", Value: "1"}, {Key: "m", Value: "2"}}, {{Key: "u", Value: "1"}},
+		{{Key: "none", Value: "1"}},
+	}
+	req := &Request{Time: now, Domain: "d"}
+	for range 1 + rng.IntN(3) {
+		d := Desc{Entries: pool[rng.IntN(len(pool))], Hits: 1}
+		switch rng.IntN(10) {
+		case 0:
+			d.Hits = 0
+		case 1:
+			d.Hits = int64(2 + rng.IntN(3))
+		case 2:
+			d.Refund = true
+		}
+		req.Descs = append(req.Descs, d)
+	}
+	return req
+}
+
+// toProto is req as a RateLimitRequest, each descriptor's cost its own hits_addend.
+func toProto(req *Request) *rlsv3.RateLimitRequest {
+	p := &rlsv3.RateLimitRequest{Domain: req.Domain}
+	for _, d := range req.Descs {
+		pd := &ratelimitv3.RateLimitDescriptor{HitsAddend: wrapperspb.UInt64(uint64(d.Hits)), IsNegativeHits: d.Refund}
+		for _, e := range d.Entries {
+			pd.Entries = append(pd.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value})
+		}
+		p.Descriptors = append(p.Descriptors, pd)
+	}
+	return p
+}
+
+// sameAnswer fails unless the engine's decision of a request is the service's answer to it:
+// the overall code, and each descriptor's code, limit name, remaining and wait.
+func sameAnswer(t *testing.T, what string, admitted bool, items []Item, resp *rlsv3.RateLimitResponse) {
+	t.Helper()
+	if want := resp.OverallCode == rlsv3.RateLimitResponse_OK; admitted != want {
+		t.Fatalf("%s: replay admitted %v, the service answered %v", what, admitted, resp.OverallCode)
+	}
+	for i, st := range resp.Statuses {
+		best := Limiting(items, i)
+		if best < 0 {
+			if st.CurrentLimit != nil {
+				t.Fatalf("%s, descriptor %d: replay has no limit, the service answered %v", what, i, st)
+			}
+			continue
+		}
+		it := items[best]
+		code := rlsv3.RateLimitResponse_OK
+		wait := it.Decision.ResetAfter
+		if !it.Decision.Allowed {
+			wait = it.Decision.RetryAfter
+			if it.Req.Mode != backend.Shadow {
+				code = rlsv3.RateLimitResponse_OVER_LIMIT
+			}
+		}
+		rem := uint32(min(max(it.Decision.Remaining, 0), math.MaxUint32))
+		if st.Code != code || st.GetCurrentLimit().GetName() != it.Limit.Name || st.LimitRemaining != rem ||
+			(wait > 0 && st.GetDurationUntilReset().AsDuration() != wait) {
+			t.Fatalf("%s, descriptor %d: replay %v %q remaining %d wait %v; the service %v", what, i, code, it.Limit.Name, rem, wait, st)
+		}
+	}
+}
+
+// TestReplayEqualsDecideBatch is the property: over random rule sets and random streams of
+// requests, replay's Engine answers every request as the service does when its store is
+// backend.DecideBatch and nothing else (pure), deciding at the same times. So replay's
+// translation (matching, keys, replaces, modes, costs) is the service's, and its decisions
+// DecideBatch's.
+func TestReplayEqualsDecideBatch(t *testing.T) {
+	t.Parallel()
+	for seed := range uint64(40) {
+		rng := rand.New(rand.NewPCG(seed, 38))
+		rs := randomRules(t, rng)
+		p := &pure{states: map[string]backend.State{}}
+		svc, err := service.New(rs, service.Options{Backend: p})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := NewEngine(rs, Options{})
+		now := time.Date(2026, 12, 3, 18, 0, 0, 0, time.UTC).UnixMicro() + rng.Int64N(1e6)
+		for i := range 500 {
+			if rng.IntN(3) > 0 {
+				now += rng.Int64N(400_000)
+			}
+			req := randomRequest(rng, now)
+			p.now = now
+			resp, err := svc.ShouldRateLimit(context.Background(), toProto(req))
+			if err != nil {
+				t.Fatal(err)
+			}
+			admitted, items, err := e.Decide(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sameAnswer(t, fmt.Sprintf("seed %d, request %d %+v", seed, i, req.Descs), admitted, items, resp)
+		}
+		if e.Keys() != len(p.states) {
+			t.Fatalf("seed %d: replay holds %d keys, the store %d", seed, e.Keys(), len(p.states))
+		}
+	}
+}

@@ -1,50 +1,17 @@
-package replay
+package replay_test
 
 import (
 	"context"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
 
-	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
-	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"google.golang.org/protobuf/types/known/wrapperspb"
-
-	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/replay"
+	"github.com/rls-project/rls/internal/replay/replaytest"
 	"github.com/rls-project/rls/internal/service"
 )
-
-// pure is a backend.Backend that is backend.DecideBatch and nothing else: every key's state in a
-// map, decided at now, stored as DecideBatch says (a state back to a full burst forgotten).
-type pure struct {
-	now    int64
-	states map[string]backend.State
-}
-
-func (p *pure) Decide(_ context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
-	cur, next := make([]backend.State, len(reqs)), make([]backend.State, len(reqs))
-	for i := range reqs {
-		cur[i] = p.states[reqs[i].Key]
-	}
-	if backend.DecideBatch(cur, reqs, p.now, out, next) {
-		for i := range reqs {
-			if laterSameKey(reqs, i) {
-				continue
-			}
-			if next[i].Fresh(p.now) {
-				delete(p.states, reqs[i].Key)
-			} else {
-				p.states[reqs[i].Key] = next[i]
-			}
-		}
-	}
-	return backend.Admitted(reqs, out), nil
-}
-
-func (p *pure) Close() error { return nil }
 
 // randomRules is a rule set of every kind of limit and option replay must decide as the
 // service does: the four algorithms, rate_limits lists, replaces, shadow and quota mode, a
@@ -92,16 +59,16 @@ descriptors:
 }
 
 // randomRequest draws a request of one to three descriptors at now.
-func randomRequest(rng *rand.Rand, now int64) *Request {
+func randomRequest(rng *rand.Rand, now int64) *replay.Request {
 	pool := [][]descriptors.Entry{
 		{{Key: "a", Value: "1"}}, {{Key: "a", Value: "2"}}, {{Key: "a", Value: "x"}}, {{Key: "b", Value: "1"}},
 		{{Key: "c", Value: "1"}}, {{Key: "w", Value: "p1"}}, {{Key: "w", Value: "p2"}}, {{Key: "w", Value: "q"}},
 		{{Key: "r", Value: "1"}}, {{Key: "n", Value: "1"}, {Key: "m", Value: "2"}}, {{Key: "u", Value: "1"}},
 		{{Key: "none", Value: "1"}},
 	}
-	req := &Request{Time: now, Domain: "d"}
+	req := &replay.Request{Time: now, Domain: "d"}
 	for range 1 + rng.IntN(3) {
-		d := Desc{Entries: pool[rng.IntN(len(pool))], Hits: 1}
+		d := replay.Desc{Entries: pool[rng.IntN(len(pool))], Hits: 1}
 		switch rng.IntN(10) {
 		case 0:
 			d.Hits = 0
@@ -115,51 +82,6 @@ func randomRequest(rng *rand.Rand, now int64) *Request {
 	return req
 }
 
-// toProto is req as a RateLimitRequest, each descriptor's cost its own hits_addend.
-func toProto(req *Request) *rlsv3.RateLimitRequest {
-	p := &rlsv3.RateLimitRequest{Domain: req.Domain}
-	for _, d := range req.Descs {
-		pd := &ratelimitv3.RateLimitDescriptor{HitsAddend: wrapperspb.UInt64(uint64(d.Hits)), IsNegativeHits: d.Refund}
-		for _, e := range d.Entries {
-			pd.Entries = append(pd.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value})
-		}
-		p.Descriptors = append(p.Descriptors, pd)
-	}
-	return p
-}
-
-// sameAnswer fails unless the engine's decision of a request is the service's answer to it:
-// the overall code, and each descriptor's code, limit name, remaining and wait.
-func sameAnswer(t *testing.T, what string, admitted bool, items []Item, resp *rlsv3.RateLimitResponse) {
-	t.Helper()
-	if want := resp.OverallCode == rlsv3.RateLimitResponse_OK; admitted != want {
-		t.Fatalf("%s: replay admitted %v, the service answered %v", what, admitted, resp.OverallCode)
-	}
-	for i, st := range resp.Statuses {
-		best := Limiting(items, i)
-		if best < 0 {
-			if st.CurrentLimit != nil {
-				t.Fatalf("%s, descriptor %d: replay has no limit, the service answered %v", what, i, st)
-			}
-			continue
-		}
-		it := items[best]
-		code := rlsv3.RateLimitResponse_OK
-		wait := it.Decision.ResetAfter
-		if !it.Decision.Allowed {
-			wait = it.Decision.RetryAfter
-			if it.Req.Mode != backend.Shadow {
-				code = rlsv3.RateLimitResponse_OVER_LIMIT
-			}
-		}
-		rem := uint32(min(max(it.Decision.Remaining, 0), math.MaxUint32))
-		if st.Code != code || st.GetCurrentLimit().GetName() != it.Limit.Name || st.LimitRemaining != rem ||
-			(wait > 0 && st.GetDurationUntilReset().AsDuration() != wait) {
-			t.Fatalf("%s, descriptor %d: replay %v %q remaining %d wait %v; the service %v", what, i, code, it.Limit.Name, rem, wait, st)
-		}
-	}
-}
-
 // TestReplayEqualsDecideBatch is the property: over random rule sets and random streams of
 // requests, replay's Engine answers every request as the service does when its store is
 // backend.DecideBatch and nothing else (pure), deciding at the same times. So replay's
@@ -170,20 +92,20 @@ func TestReplayEqualsDecideBatch(t *testing.T) {
 	for seed := range uint64(40) {
 		rng := rand.New(rand.NewPCG(seed, 38))
 		rs := randomRules(t, rng)
-		p := &pure{states: map[string]backend.State{}}
+		p := replaytest.NewPure()
 		svc, err := service.New(rs, service.Options{Backend: p})
 		if err != nil {
 			t.Fatal(err)
 		}
-		e := NewEngine(rs, Options{})
+		e := replay.NewEngine(rs, replay.Options{})
 		now := time.Date(2026, 12, 3, 18, 0, 0, 0, time.UTC).UnixMicro() + rng.Int64N(1e6)
 		for i := range 500 {
 			if rng.IntN(3) > 0 {
 				now += rng.Int64N(400_000)
 			}
 			req := randomRequest(rng, now)
-			p.now = now
-			resp, err := svc.ShouldRateLimit(context.Background(), toProto(req))
+			p.Now = now
+			resp, err := svc.ShouldRateLimit(context.Background(), replaytest.ToProto(req))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -191,10 +113,10 @@ func TestReplayEqualsDecideBatch(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			sameAnswer(t, fmt.Sprintf("seed %d, request %d %+v", seed, i, req.Descs), admitted, items, resp)
+			replaytest.SameAnswer(t, fmt.Sprintf("seed %d, request %d %+v", seed, i, req.Descs), admitted, items, resp)
 		}
-		if e.Keys() != len(p.states) {
-			t.Fatalf("seed %d: replay holds %d keys, the store %d", seed, e.Keys(), len(p.states))
+		if e.Keys() != len(p.States) {
+			t.Fatalf("seed %d: replay holds %d keys, the store %d", seed, e.Keys(), len(p.States))
 		}
 	}
 }

@@ -60,6 +60,7 @@ type Engine struct {
 	replaced []string
 	keys     []byte
 	ends     []int
+	rules    []*descriptors.Rule // each descriptor's match
 }
 
 // Item is one limit of one descriptor of a decided request, as the service decides it: its
@@ -164,19 +165,21 @@ func (e *Engine) translate(r *Request) {
 	e.replaced = e.replaced[:0]
 	e.keys = e.keys[:0]
 	e.ends = e.ends[:0]
+	e.rules = slices.Grow(e.rules[:0], len(r.Descs))[:len(r.Descs)]
 	for i := range r.Descs {
 		rule := e.rs.Match(r.Domain, r.Descs[i].Entries)
+		e.rules[i] = rule
 		if rule == nil {
 			continue
 		}
 		for j := range rule.Limits {
 			e.replaced = append(e.replaced, rule.Limits[j].Replaces...)
 		}
-		e.items = append(e.items, Item{Desc: i, Rule: rule}) // a placeholder, expanded below
 	}
-	matched := len(e.items)
-	for m := 0; m < matched; m++ {
-		i, rule := e.items[m].Desc, e.items[m].Rule
+	for i, rule := range e.rules {
+		if rule == nil {
+			continue
+		}
 		d := &r.Descs[i]
 		mode := backend.Enforce
 		switch {
@@ -187,7 +190,7 @@ func (e *Engine) translate(r *Request) {
 		}
 		for j := range rule.Limits {
 			l := &rule.Limits[j]
-			if l.Name != "" && slices.Contains(e.replaced, l.Name) {
+			if l.Name != "" && len(e.replaced) > 0 && slices.Contains(e.replaced, l.Name) {
 				continue
 			}
 			e.keys = appendKey(e.keys, r.Domain, d.Entries, rule.Share, l.KeyTag)
@@ -196,7 +199,6 @@ func (e *Engine) translate(r *Request) {
 				Req: backend.Request{Limit: l.Spec, Cost: d.Hits, Refund: d.Refund, Mode: mode}})
 		}
 	}
-	e.items = append(e.items[:0], e.items[matched:]...)
 	if len(e.items) > 0 {
 		keys := string(e.keys)
 		start := 0

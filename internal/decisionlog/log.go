@@ -140,6 +140,10 @@ func (l *Log) Wants(domain, rule string, denied bool) (bool, int64) {
 	return l.seen.Add(1)%l.sample == 1, l.sample
 }
 
+// DenialsOnly reports whether the log wants denials alone (no Options.Rules): then a request
+// none of whose limits denied has nothing to tell it.
+func (l *Log) DenialsOnly() bool { return !l.allRules && len(l.domains) == 0 && len(l.rules) == 0 }
+
 func (l *Log) chosen(domain, rule string) bool {
 	if l.allRules || l.domains[domain] {
 		return true

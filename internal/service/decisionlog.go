@@ -16,6 +16,9 @@ import (
 // Only descriptors a rule matched and the backend decided are told: not overrides, nor answers
 // of a failure mode. A request the log wants nothing of costs a look-up per descriptor.
 func (s *Service) logDecisions(ctx context.Context, req *rlsv3.RateLimitRequest, w *work, resp *rlsv3.RateLimitResponse) {
+	if s.decisions.DenialsOnly() && !anyDenied(w.items) {
+		return
+	}
 	var now time.Time
 	var caller string
 	k := 0
@@ -51,4 +54,14 @@ func (s *Service) logDecisions(ctx context.Context, req *rlsv3.RateLimitRequest,
 		}
 		s.decisions.Write(&rec)
 	}
+}
+
+// anyDenied reports whether a limit denied one of items.
+func anyDenied(items []item) bool {
+	for k := range items {
+		if !items[k].dec.Allowed {
+			return true
+		}
+	}
+	return false
 }

@@ -223,3 +223,39 @@ func TestWants(t *testing.T) {
 type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+// TestScanMatchesJSON: the reader without reflection reads every line as encoding/json does,
+// or leaves it to encoding/json: records as AppendJSON writes them, with their keys reordered,
+// blanks added, escapes, other keys, other types.
+func TestScanMatchesJSON(t *testing.T) {
+	t.Parallel()
+	lines := []string{
+		`{"time":"2026-12-03T18:00:00Z","domain":"d","descriptor":[{"value":"v","key":"k"}],"count":3,"hits_addend":0,"code":"OK"}`,
+		` { "domain" : "d" , "time" : "2026-12-03T18:00:00.5+02:00", "descriptor" : [ ] , "shadow" : true , "refund": false, "reset_seconds": 1e-3 } `,
+		`{"time":"2026-12-03T18:00:00Z","domain":"d\u0041","descriptor":[{"key":"k","value":"v"}]}`,
+		`{"time":"2026-12-03T18:00:00Z","domain":"d","Domain":"e","descriptor":[{"key":"k","value":"v"}]}`,
+		`{"time":"2026-12-03T18:00:00Z","domain":"d","descriptor":[{"key":"k","value":"v","x":1}]}`,
+		`{"time":"2026-12-03T18:00:00Z","domain":"d","descriptor":[{"key":"k","value":"v"}],"count":1.5}`,
+		`{"time":"2026-12-03T18:00:00Z","domain":"d","descriptor":[{"key":"k","value":"v"}]} x`,
+		`{"time":"2026-12-03T18:00:00Z","domain":"é","descriptor":[{"key":"k","value":"v"}],"count":2,"count":5}`,
+		`{"time":"2026-12-03T18:00:00Z","domain":"d","descriptor":[{"key":"k","value":"v"}],"descriptor":[{"key":"a","value":"b"}]}`,
+	}
+	for i := range 50 {
+		r := rec(time.Duration(i)*time.Microsecond*7919, fmt.Sprint("u", i), []string{CodeOK, CodeOverLimit}[i%2])
+		r.Count, r.Sample, r.Shadow, r.Refund, r.Remaining, r.Limit = int64(i), int64(i%3), i%5 == 0, i%7 == 0, int64(i*3), fmt.Sprint("l", i%2)
+		lines = append(lines, string(r.AppendJSON(nil)))
+	}
+	for _, l := range lines {
+		var fast Record
+		fastErr := scan([]byte(l), &fast)
+		slow := Record{HitsAddend: 1}
+		slowErr := json.Unmarshal([]byte(l), &slow)
+		if fastErr == nil && (slowErr != nil || fmt.Sprint(fast) != fmt.Sprint(slow)) {
+			t.Errorf("%s\n scan: %+v\n json: %+v (%v)", l, fast, slow, slowErr)
+		}
+	}
+	var r Record
+	if err := ParseInto([]byte(lines[len(lines)-1]), &r); err != nil || scan([]byte(lines[len(lines)-1]), &r) != nil {
+		t.Errorf("a line as AppendJSON writes it is not read by scan: %v", err)
+	}
+}

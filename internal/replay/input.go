@@ -73,7 +73,7 @@ type Reader struct {
 	line    int
 	format  Format
 	mapping *Mapping
-	descs   []Desc
+	rec     decisionlog.Record // the decision log's line, reused
 }
 
 // NewReader reads in from in, named name in errors. A mapping is needed for FormatEnvoy, and
@@ -106,7 +106,7 @@ func (rd *Reader) Next(r *Request) error {
 		var err error
 		switch rd.format {
 		case FormatLog:
-			err = parseLog(line, r)
+			err = parseLog(line, r, &rd.rec)
 		case FormatJSON:
 			err = parseJSON(line, r)
 		default:
@@ -134,9 +134,9 @@ func sniff(line []byte) Format {
 	return FormatLog
 }
 
-func parseLog(line []byte, r *Request) error {
-	rec, err := decisionlog.Parse(line)
-	if err != nil {
+// parseLog reads a decision log line, through rec (reused).
+func parseLog(line []byte, r *Request, rec *decisionlog.Record) error {
+	if err := decisionlog.ParseInto(line, rec); err != nil {
 		return err
 	}
 	r.Time = rec.Time.UnixMicro()

@@ -245,9 +245,12 @@ func TestScanMatchesJSON(t *testing.T) {
 		r.Count, r.Sample, r.Shadow, r.Refund, r.Remaining, r.Limit = int64(i), int64(i%3), i%5 == 0, i%7 == 0, int64(i*3), fmt.Sprint("l", i%2)
 		lines = append(lines, string(r.AppendJSON(nil)))
 	}
+	var dec Decoder
+	lines = append(lines, `{"time":"2026-02-30T18:00:00.000000Z","domain":"d","descriptor":[{"key":"k","value":"v"}]}`,
+		`{"time":"2026-12-03T18:00:00.000001Z","domain":"d","descriptor":[{"key":"k","value":"v"}]}`)
 	for _, l := range lines {
 		var fast Record
-		fastErr := scan([]byte(l), &fast)
+		fastErr := scan([]byte(l), &fast, &dec)
 		slow := Record{HitsAddend: 1}
 		slowErr := json.Unmarshal([]byte(l), &slow)
 		if fastErr == nil && (slowErr != nil || fmt.Sprint(fast) != fmt.Sprint(slow)) {
@@ -255,7 +258,7 @@ func TestScanMatchesJSON(t *testing.T) {
 		}
 	}
 	var r Record
-	if err := ParseInto([]byte(lines[len(lines)-1]), &r); err != nil || scan([]byte(lines[len(lines)-1]), &r) != nil {
+	if err := ParseInto([]byte(lines[len(lines)-3]), &r); err != nil || scan([]byte(lines[len(lines)-3]), &r, nil) != nil {
 		t.Errorf("a line as AppendJSON writes it is not read by scan: %v", err)
 	}
 }

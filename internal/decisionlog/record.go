@@ -134,8 +134,10 @@ func Parse(line []byte) (Record, error) {
 
 // ParseInto is Parse into r, reusing r.Descriptor's array. Lines in the shape AppendJSON writes
 // are read without reflection (scan); any other is read by encoding/json.
-func ParseInto(line []byte, r *Record) error {
-	if scan(line, r) != nil {
+func ParseInto(line []byte, r *Record) error { return parseInto(line, r, nil) }
+
+func parseInto(line []byte, r *Record, d *Decoder) error {
+	if scan(line, r, d) != nil {
 		*r = Record{HitsAddend: 1} // absent: one hit, as a request without hits_addend
 		if err := json.Unmarshal(line, r); err != nil {
 			return fmt.Errorf("not a decision log record: %w", err)

@@ -15,8 +15,8 @@ var errSlow = errors.New("decisionlog: not in the common shape")
 // scan reads a line as AppendJSON writes it, and the like: one object of the record's keys in
 // any order, strings without escapes, numbers in plain notation. Anything else returns errSlow
 // and the line is read by encoding/json, which decides what it means. r.Descriptor is reused.
-func scan(line []byte, r *Record) error {
-	s := scanner{b: line}
+func scan(line []byte, r *Record, d *Decoder) error {
+	s := scanner{b: line, d: d}
 	if !s.lit('{') {
 		return errSlow
 	}
@@ -38,21 +38,24 @@ func scan(line []byte, r *Record) error {
 			if !ok {
 				return errSlow
 			}
-			t, err := time.Parse(time.RFC3339Nano, string(v))
-			if err != nil {
-				return errSlow
+			t, ok := parseMicros(v)
+			if !ok {
+				var err error
+				if t, err = time.Parse(time.RFC3339Nano, string(v)); err != nil {
+					return errSlow
+				}
 			}
 			r.Time = t
 		case "domain":
-			r.Domain, ok = s.string()
+			r.Domain, ok = s.interned()
 		case "rule":
-			r.Rule, ok = s.string()
+			r.Rule, ok = s.interned()
 		case "limit":
-			r.Limit, ok = s.string()
+			r.Limit, ok = s.interned()
 		case "code":
-			r.Code, ok = s.string()
+			r.Code, ok = s.interned()
 		case "caller":
-			r.Caller, ok = s.string()
+			r.Caller, ok = s.interned()
 		case "hits_addend":
 			r.HitsAddend, ok = s.int()
 		case "remaining":
@@ -91,6 +94,63 @@ func scan(line []byte, r *Record) error {
 type scanner struct {
 	b []byte
 	i int
+	d *Decoder // nil: no interning
+}
+
+// Decoder reads decision log lines one after another, keeping the strings that repeat from line
+// to line (domains, rules, codes, callers, entry keys) once. It is not safe for concurrent use.
+type Decoder struct {
+	intern map[string]string
+}
+
+// maxInterned bounds a Decoder's strings: past it they are forgotten and kept afresh.
+const maxInterned = 4096
+
+// Decode is ParseInto, interning the strings that repeat.
+func (d *Decoder) Decode(line []byte, r *Record) error { return parseInto(line, r, d) }
+
+// interned reads a string, the Decoder's copy when it has one.
+func (s *scanner) interned() (string, bool) {
+	v, ok := s.str()
+	if !ok || s.d == nil {
+		return string(v), ok
+	}
+	if k, found := s.d.intern[string(v)]; found {
+		return k, true
+	}
+	if s.d.intern == nil || len(s.d.intern) >= maxInterned {
+		s.d.intern = make(map[string]string, 64)
+	}
+	k := string(v)
+	s.d.intern[k] = k
+	return k, true
+}
+
+// parseMicros reads the time as AppendJSON writes it, 2006-01-02T15:04:05.000000Z, or says it
+// cannot.
+func parseMicros(v []byte) (time.Time, bool) {
+	if len(v) != 27 || v[4] != '-' || v[7] != '-' || v[10] != 'T' || v[13] != ':' || v[16] != ':' || v[19] != '.' || v[26] != 'Z' {
+		return time.Time{}, false
+	}
+	num := func(from, to int) int {
+		n := 0
+		for _, c := range v[from:to] {
+			if c < '0' || c > '9' {
+				return -1
+			}
+			n = n*10 + int(c-'0')
+		}
+		return n
+	}
+	y, mo, d, h, mi, sec, us := num(0, 4), num(5, 7), num(8, 10), num(11, 13), num(14, 16), num(17, 19), num(20, 26)
+	if y < 0 || mo < 1 || mo > 12 || d < 1 || d > 31 || h < 0 || h > 23 || mi < 0 || mi > 59 || sec < 0 || sec > 59 || us < 0 {
+		return time.Time{}, false
+	}
+	t := time.Date(y, time.Month(mo), d, h, mi, sec, us*1000, time.UTC)
+	if t.Day() != d { // February 30th and the like: time.Parse's error
+		return time.Time{}, false
+	}
+	return t, true
 }
 
 func (s *scanner) ws() {
@@ -188,7 +248,7 @@ func (s *scanner) entries(dst []descriptors.Entry) ([]descriptors.Entry, bool) {
 			}
 			switch string(name) {
 			case "key":
-				e.Key, ok = s.string()
+				e.Key, ok = s.interned()
 				haveKey = true
 			case "value":
 				e.Value, ok = s.string()

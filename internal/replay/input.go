@@ -74,6 +74,7 @@ type Reader struct {
 	format  Format
 	mapping *Mapping
 	rec     decisionlog.Record // the decision log's line, reused
+	dec     decisionlog.Decoder
 }
 
 // NewReader reads in from in, named name in errors. A mapping is needed for FormatEnvoy, and
@@ -106,7 +107,7 @@ func (rd *Reader) Next(r *Request) error {
 		var err error
 		switch rd.format {
 		case FormatLog:
-			err = parseLog(line, r, &rd.rec)
+			err = parseLog(line, r, &rd.dec, &rd.rec)
 		case FormatJSON:
 			err = parseJSON(line, r)
 		default:
@@ -135,8 +136,8 @@ func sniff(line []byte) Format {
 }
 
 // parseLog reads a decision log line, through rec (reused).
-func parseLog(line []byte, r *Request, rec *decisionlog.Record) error {
-	if err := decisionlog.ParseInto(line, rec); err != nil {
+func parseLog(line []byte, r *Request, dec *decisionlog.Decoder, rec *decisionlog.Record) error {
+	if err := dec.Decode(line, rec); err != nil {
 		return err
 	}
 	r.Time = rec.Time.UnixMicro()

@@ -182,3 +182,25 @@ func TestReplayAgreesWithService(t *testing.T) {
 		t.Errorf("--on-error skip: exit %d\n%s\n%s", code, out, errOut)
 	}
 }
+
+// TestReplayUsage: wrong values of rls replay's and the decision log's flags are usage errors,
+// exit 64, found before anything is read or served.
+func TestReplayUsage(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"replay", "--input", "x.log"}, "usage: rls replay --config RULES"},
+		{[]string{"replay", "--config", "r.yaml", "--format", "pdf"}, `--format "pdf": want table, csv or html`},
+		{[]string{"replay", "--config", "r.yaml", "--on-error", "maybe"}, `--on-error "maybe": want stop or skip`},
+		{[]string{"replay", "--config", "r.yaml", "--input-format", "xml"}, `input format "xml": want auto, log, json or envoy`},
+		{[]string{"serve", "--decision-log-rules", "shop"}, "--decision-log-rules and --decision-log-sample need --decision-log"},
+		{[]string{"serve", "--decision-log", "-", "--decision-log-interval", "-1s"}, "must be ≥ 0"},
+	} {
+		code, _, errOut := runArgs(tc.args...)
+		if code != 64 || !strings.Contains(errOut, tc.want) {
+			t.Errorf("rls %s: exit %d, %q; want 64 and %q", strings.Join(tc.args, " "), code, errOut, tc.want)
+		}
+	}
+}

@@ -84,7 +84,7 @@ func NewReader(in io.Reader, name string, format Format, m *Mapping) (*Reader, e
 		format = FormatEnvoy
 	}
 	if format == FormatEnvoy && m == nil {
-		return nil, errors.New("Envoy access logs need a mapping file (--mapping)")
+		return nil, errors.New("an Envoy access log needs a mapping file (--mapping)")
 	}
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 0, 64<<10), maxLine)

@@ -204,3 +204,42 @@ func TestReplayUsage(t *testing.T) {
 		}
 	}
 }
+
+// TestReplayEnvoyAccessLog: rls replay reads an Envoy JSON access log through a mapping file and
+// writes the HTML report to --output; a line the mapping cannot read is skipped with its number.
+func TestReplayEnvoyAccessLog(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	write := func(name, text string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	rules := write("rules.yaml", "domain: edge\ndescriptors:\n  - key: remote_address\n    rate_limit: {unit: minute, requests_per_unit: 3}\n")
+	mapping := write("map.yaml", "domain: edge\ndescriptors:\n  - entries:\n      - {key: remote_address, field: downstream_remote_address_without_port}\n")
+	var log strings.Builder
+	for i := range 10 {
+		fmt.Fprintf(&log, `{"start_time":"2026-12-03T18:00:%02d.000Z","method":"GET","path":"/","response_code":200,"downstream_remote_address_without_port":"10.0.0.%d"}`+"\n", i, i%2)
+	}
+	log.WriteString(`{"start_time":"2026-12-03T18:00:11.000Z","path":"/"}` + "\n")
+	access := write("access.log", log.String())
+	report := filepath.Join(dir, "report.html")
+	code, out, errOut := runArgs("replay", "--config", rules, "--mapping", mapping, "--input", access, "--on-error", "skip", "--format", "html", "--output", report)
+	if code != 0 || out != "" {
+		t.Fatalf("exit %d\n%s\n%s", code, out, errOut)
+	}
+	if want := access + `:11: descriptor 1, entry "remote_address": no field "downstream_remote_address_without_port" in the line`; !strings.Contains(errOut, want) {
+		t.Errorf("stderr %q, want %q", errOut, want)
+	}
+	page, err := os.ReadFile(report)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"<svg", "edge / remote_address", "replayed 10 requests from 11 lines (1 skipped)", "<td>remote_address=10.0.0.0</td><td class=\"n\">2</td>"} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("the report has no %q", want)
+		}
+	}
+}

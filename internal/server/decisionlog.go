@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/rls-project/rls/internal/decisionlog"
@@ -13,7 +14,7 @@ import (
 // DecisionLogConfig is the decision log (--decision-log*; docs/replay.md).
 type DecisionLogConfig struct {
 	Path     string        // --decision-log: a file appended to, "-" for stdout; "": no log
-	Rules    []string      // --decision-log-rules: rules whose every decision is logged
+	Rules    string        // --decision-log-rules: rules whose every decision is logged, comma-separated
 	Sample   int64         // --decision-log-sample: one in this many of those rules' admitted decisions
 	Interval time.Duration // --decision-log-interval: per key
 	MaxKeys  int           // --decision-log-max-keys: keys the throttle holds
@@ -24,13 +25,24 @@ func (d DecisionLogConfig) validate() error {
 	if d.Sample < 0 || d.Interval < 0 || d.MaxKeys < 0 {
 		err = errors.New("--decision-log-sample, --decision-log-interval and --decision-log-max-keys must be ≥ 0")
 	}
-	if e := decisionlog.ParseRules(d.Rules); e != nil {
+	if e := decisionlog.ParseRules(d.rules()); e != nil {
 		err = errors.Join(err, fmt.Errorf("--decision-log-rules: %w", e))
 	}
-	if d.Path == "" && (len(d.Rules) > 0 || d.Sample > 1) {
+	if d.Path == "" && (d.Rules != "" || d.Sample > 1) {
 		err = errors.Join(err, errors.New("--decision-log-rules and --decision-log-sample need --decision-log"))
 	}
 	return err
+}
+
+// rules are the names of --decision-log-rules.
+func (d DecisionLogConfig) rules() []string {
+	var names []string
+	for _, n := range strings.Split(d.Rules, ",") {
+		if n = strings.TrimSpace(n); n != "" {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
 // openDecisionLog opens the decision log when --decision-log names one; nil otherwise.
@@ -50,7 +62,7 @@ func (s *Server) openDecisionLog() error {
 	}
 	var err error
 	s.decisions, err = decisionlog.New(w, decisionlog.Options{
-		Interval: d.Interval, MaxKeys: d.MaxKeys, Rules: d.Rules, Sample: d.Sample,
+		Interval: d.Interval, MaxKeys: d.MaxKeys, Rules: d.rules(), Sample: d.Sample,
 	})
 	return err
 }

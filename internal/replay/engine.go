@@ -9,9 +9,11 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"unicode/utf8"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/statekey"
 )
 
@@ -88,10 +90,43 @@ func NewEngine(rs *descriptors.RuleSet, opts Options) *Engine {
 // Rules returns the engine's rule set.
 func (e *Engine) Rules() *descriptors.RuleSet { return e.rs }
 
+// Validate refuses a request the service would answer INVALID_ARGUMENT, as its validate does:
+// an empty or overlong domain, no descriptors or too many, too many entries, an empty or
+// overlong key, an overlong value, text that is not UTF-8.
+func (r *Request) Validate() error {
+	switch {
+	case r.Domain == "":
+		return errors.New("the domain is empty")
+	case len(r.Domain) > limit.MaxValueBytes || !utf8.ValidString(r.Domain):
+		return fmt.Errorf("the domain is longer than %d bytes or not UTF-8", limit.MaxValueBytes)
+	case len(r.Descs) == 0 || len(r.Descs) > limit.MaxDescriptors:
+		return fmt.Errorf("%d descriptors: want 1 to %d", len(r.Descs), limit.MaxDescriptors)
+	}
+	for i, d := range r.Descs {
+		if len(d.Entries) > limit.MaxEntries {
+			return fmt.Errorf("descriptor %d has %d entries, more than %d", i, len(d.Entries), limit.MaxEntries)
+		}
+		for j, e := range d.Entries {
+			switch {
+			case e.Key == "":
+				return fmt.Errorf("descriptor %d, entry %d: the key is empty", i, j)
+			case len(e.Key) > limit.MaxKeyBytes || !utf8.ValidString(e.Key):
+				return fmt.Errorf("descriptor %d, entry %d: the key is longer than %d bytes or not UTF-8", i, j, limit.MaxKeyBytes)
+			case len(e.Value) > limit.MaxValueBytes || !utf8.ValidString(e.Value):
+				return fmt.Errorf("descriptor %d, entry %d: the value is longer than %d bytes or not UTF-8", i, j, limit.MaxValueBytes)
+			}
+		}
+	}
+	return nil
+}
+
 // Decide decides r once at r.Time and returns whether it is admitted and its items, one per
 // limit that applies, grouped by descriptor in order (valid until the next Decide). It charges
 // what the batch rule says, as a store would.
 func (e *Engine) Decide(r *Request) (admitted bool, items []Item, err error) {
+	if err := r.Validate(); err != nil {
+		return false, nil, err
+	}
 	if !e.rs.HasDomain(r.Domain) {
 		return false, nil, fmt.Errorf("domain %q: %w", r.Domain, ErrUnknownDomain)
 	}

@@ -66,6 +66,10 @@ func TestBadInput(t *testing.T) {
 {"time":"2026-12-03T18:00:00Z","domain":"shop","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}
 {"time":"2026-12-03T18:00:00Z","domain":"shop","descriptors":[{"entries":[{"key":"user","value":"a"}],"limit":{"requests_per_unit":1,"unit":"SECOND"}}]}`,
 			"in.log:3: descriptor 0: a descriptor's own limit (override) is not replayed"},
+		{"a request the service refuses", FormatJSON, nil, `{"time":"2026-12-03T18:00:00Z","domain":"shop","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}
+{"time":"2026-12-03T18:00:00Z","domain":"shop","descriptors":[{"entries":[{"key":"user","value":"a"}]}]}
+{"time":"2026-12-03T18:00:00Z","domain":"shop","descriptors":[{"entries":[{"key":"","value":"a"}]}]}`,
+			"in.log:3: descriptor 0, entry 0: the key is empty"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()

@@ -135,6 +135,9 @@ func (r *Run) init() {
 // no set defines is an error (ErrUnknownDomain), and nothing of the request is counted.
 func (r *Run) Decide(req *Request) error {
 	r.init()
+	if err := req.Validate(); err != nil {
+		return err
+	}
 	for _, e := range r.Sets {
 		if !e.rs.HasDomain(req.Domain) {
 			_, _, err := e.Decide(req)

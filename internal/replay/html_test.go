@@ -16,7 +16,7 @@ import (
 	"github.com/rls-project/rls/internal/replay"
 )
 
-// compareReport replays ten minutes of traffic of four users against a rule set and a stricter
+// compareReport replays five minutes of traffic of four users against a rule set and a stricter
 // one, and returns the report.
 func compareReport(t testing.TB) *replay.Report {
 	t.Helper()
@@ -38,12 +38,12 @@ descriptors:
 	run := &replay.Run{Sets: []*replay.Engine{replay.NewEngine(parse(20), replay.Options{}), replay.NewEngine(parse(10), replay.Options{})},
 		Names: []string{"rules.yaml", "stricter.yaml"}}
 	start := time.Date(2026, 12, 3, 18, 0, 0, 0, time.UTC).UnixMicro()
-	for i := range 6000 {
+	for i := range 3000 {
 		req := replay.Request{Time: start + int64(i)*100_000, Domain: "shop", Descs: []replay.Desc{
 			{Entries: []descriptors.Entry{{Key: "user", Value: fmt.Sprint("u", i%4)}}, Hits: 1},
 			{Entries: []descriptors.Entry{{Key: "path", Value: "/a"}}, Hits: 1},
 		}}
-		if i%4 == 0 && i > 3000 { // u0 twice as busy in the second half
+		if i%4 == 0 && i > 1500 { // u0 twice as busy in the second half
 			req.Count = 2
 		}
 		if err := run.Decide(&req); err != nil {
@@ -74,6 +74,7 @@ func TestHTMLReportInChromium(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(chromium(t), "--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0",
+		"--no-first-run", "--disable-extensions", "--disable-background-networking", "--disable-sync", "--disable-component-update",
 		"--user-data-dir="+filepath.Join(dir, "profile"), "--window-size=1400,1400", "--hide-scrollbars",
 		"--screenshot="+shot, "--dump-dom", "file://"+file)
 	var dom, stderr bytes.Buffer
@@ -85,7 +86,7 @@ func TestHTMLReportInChromium(t *testing.T) {
 		t.Errorf("console messages:\n%s", stderr.String())
 	}
 	d := dom.String()
-	// Two rules, each under two rule sets; 60 buckets of ten seconds each.
+	// Two rules, each under two rule sets; 60 buckets of five seconds each.
 	if n := strings.Count(d, `<svg class="series"`); n != 4 {
 		t.Errorf("%d charts in the DOM, want 4", n)
 	}

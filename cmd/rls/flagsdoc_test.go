@@ -57,6 +57,8 @@ func flagPage(name string) string {
 		return "rlqs.md"
 	case strings.HasPrefix(name, "redis-"):
 		return "redis.md"
+	case strings.HasPrefix(name, "decision-log"):
+		return "replay.md"
 	case name == "region", strings.HasPrefix(name, "global-"):
 		return "multi-region.md"
 	case strings.HasPrefix(name, "grpc-tls-"), strings.HasPrefix(name, "http-tls-"), name == "caller-policy", name == "admin-token-file":

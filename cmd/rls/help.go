@@ -93,6 +93,20 @@ and their state after is printed as inspect prints it. The server must run with
 		flags: func(fs *flag.FlagSet) { keysFlags(fs, true) },
 	},
 	{
+		name:     "replay",
+		synopsis: "rls replay --config RULES [--input FILE] [--compare OTHER_RULES] [--format table|csv|html]",
+		summary:  "decide recorded requests offline against rules, and report what they would do",
+		about: `Reads recorded requests (rls's decision log, JSON Lines of /json bodies with a "time", or an
+Envoy JSON access log through --mapping) and decides each at its recorded time against the rules
+of --config, as fast as it can, with the decision functions the service runs: no clock, no sleep,
+no server. Prints per rule the requests, the would-be denials and the keys most denied, as a
+table, CSV or one self-contained HTML page with charts over time. --compare decides every
+request under a second rule set too and shows what it changes. A line that cannot be replayed is
+named with its line number; --on-error says whether to stop or go on. Exit status: 0, 1 on error,
+64 for a usage error.`,
+		flags: func(fs *flag.FlagSet) { replayFlags(fs) },
+	},
+	{
 		name:     "version",
 		synopsis: "rls version | rls --version",
 		summary:  "print which rls this is: version, commit, Go release",

@@ -99,6 +99,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, ratelimitEnv *bool) {
 	fs.StringVar(&c.HeaderNames.Remaining, "response-header-remaining", c.HeaderNames.Remaining, "--response-headers legacy: name of the remaining header")
 	fs.StringVar(&c.HeaderNames.Reset, "response-header-reset", c.HeaderNames.Reset, "--response-headers legacy: name of the reset header")
 	statsFlags(fs, &c.Stats)
+	decisionLogFlags(fs, &c.DecisionLog)
 	fs.BoolVar(ratelimitEnv, "ratelimit-env", *ratelimitEnv, "read envoyproxy/ratelimit's environment variables (REDIS_URL, RUNTIME_ROOT, CONFIG_TYPE...) when they are set; flags and RLS_* variables win over them")
 	grpcConnFlags(fs, &c.GRPC)
 	redisFlags(fs, &c.Redis)

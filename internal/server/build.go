@@ -134,6 +134,9 @@ func (s *Server) buildService(context.Context) (err error) {
 	if s.callers, err = newCallerPolicy(c, s.reg, s.log); err != nil {
 		return err
 	}
+	if err := s.openDecisionLog(); err != nil {
+		return err
+	}
 	s.svc, err = service.New(s.rules, service.Options{
 		Backend: s.be, Logger: s.log, Headers: headers, FailureMode: s.failure, Local: s.local, Global: s.globalExplainer(),
 		Metrics: metrics, Tracer: s.tracing.tracer, DetailedMetricValues: c.DetailedMetricValues,
@@ -142,7 +145,7 @@ func (s *Server) buildService(context.Context) (err error) {
 		Overrides:           overrides,
 		Authorize:           s.callers.authorizer(),
 		MaxNewKeysPerCaller: c.Bounds.MaxNewKeysPerCaller, Warnings: s.warn,
-		Stats: s.statsd.serviceStats(),
+		Stats: s.statsd.serviceStats(), DecisionLog: s.decisions,
 	})
 	return err
 }

@@ -33,6 +33,8 @@ type Config struct {
 	XDS      XDSConfig
 	Regions  RegionsConfig
 	Stats    StatsConfig // envoyproxy/ratelimit's counters (stats.go)
+	// DecisionLog is the decision log (decisionlog.go).
+	DecisionLog DecisionLogConfig
 
 	Backend              string // --backend: memory or redis
 	Memory               MemoryConfig
@@ -174,8 +176,9 @@ func DefaultConfig() Config {
 			MaxTotalBuckets: rlqs.DefaultMaxTotalBuckets, MaxBucketBytes: rlqs.DefaultMaxBucketBytes,
 			MaxProxies: rlqs.DefaultMaxProxiesPerBucket, ReportBudget: rlqs.DefaultReportBudget,
 		},
-		Stats: StatsConfig{FlushInterval: 10 * time.Second},
-		XDS:   XDSConfig{NodeID: "default", BackoffInitial: xds.DefaultBackoffInitial, BackoffMax: xds.DefaultBackoffMax},
+		Stats:       StatsConfig{FlushInterval: 10 * time.Second},
+		DecisionLog: DecisionLogConfig{Interval: time.Second},
+		XDS:         XDSConfig{NodeID: "default", BackoffInitial: xds.DefaultBackoffInitial, BackoffMax: xds.DefaultBackoffMax},
 		Regions: RegionsConfig{
 			Safe: regions.SafeZero.String(), Interval: regions.DefaultInterval, Lease: regions.DefaultLease,
 			TableLease: regions.DefaultTableLease, Margin: regions.DefaultMargin, MaxKeys: regions.DefaultMaxKeys,

@@ -11,12 +11,14 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/decisionlog"
 	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/logthrottle"
 	"github.com/rls-project/rls/internal/regions"
@@ -45,6 +47,9 @@ type Server struct {
 	reg     *prometheus.Registry // every metric of this server
 	statsd  statsSetup           // envoyproxy/ratelimit's counters, OTLP metrics
 	callers *callerPolicy        // nil without --caller-policy
+	// decisions is the decision log, nil without --decision-log; decisionFile its file.
+	decisions    *decisionlog.Log
+	decisionFile *os.File
 
 	grpc     *grpc.Server
 	ready    *readiness
@@ -208,6 +213,7 @@ func (s *Server) close() {
 	if s.rlqs != nil {
 		s.rlqs.Close()
 	}
+	s.closeDecisionLog()
 	s.tracing.shutdown()
 	s.statsd.stop()
 	if s.warn != nil {

@@ -36,6 +36,7 @@ func (c Config) Validate() error {
 		c.validateRegions(),
 		validateTracing(envMap(c.Env)),
 		c.Stats.validate(),
+		c.DecisionLog.validate(),
 		validateMetricExport(envMap(c.Env)),
 	)
 }

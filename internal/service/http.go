@@ -35,7 +35,7 @@ func (s *Service) JSONHandler() http.Handler {
 			return
 		}
 		ctx := r.Context()
-		if s.newKeys != nil {
+		if s.newKeys != nil || s.decisions != nil {
 			ctx = context.WithValue(ctx, httpPeerKey{}, r.RemoteAddr)
 		}
 		resp, err := s.ShouldRateLimit(ctx, req)

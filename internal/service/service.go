@@ -28,6 +28,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/rls-project/rls/internal/backend"
+	"github.com/rls-project/rls/internal/decisionlog"
 	"github.com/rls-project/rls/internal/descriptors"
 	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/logthrottle"
@@ -82,6 +83,8 @@ type Options struct {
 	// this process has not let through in the last 30–60 s): a request past it is answered
 	// RESOURCE_EXHAUSTED and counted in rls_new_keys_refused_total. See newkeys.go. 0: no bound.
 	MaxNewKeysPerCaller int64
+	// DecisionLog, when set, is given the decisions it asks for (decisionlog.go).
+	DecisionLog *decisionlog.Log
 	// Warnings throttles the warnings a client can cause at will, here a request refused by
 	// MaxNewKeysPerCaller (default: one line a minute per cause on Logger).
 	Warnings *logthrottle.Throttle
@@ -121,6 +124,7 @@ type Service struct {
 	authorize    func(context.Context, *rlsv3.RateLimitRequest) error
 	newKeys      *newKeyGate           // nil: no bound on new keys
 	warn         *logthrottle.Throttle // warnings a client can cause; nil without a new-key gate
+	decisions    *decisionlog.Log      // nil: no decision log
 
 	mu         sync.Mutex // serializes SetRules
 	generation atomic.Uint64
@@ -161,6 +165,7 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 	}
 	s.pool.New = func() any { return new(work) }
 	s.authorize = opts.Authorize
+	s.decisions = opts.DecisionLog
 	if rules != nil {
 		s.SetRules(rules)
 	}
@@ -282,6 +287,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 	}
 	resp := s.response(req, w, admitted)
 	s.debugDecision(ctx, req, resp)
+	// Decision log (decisionlog.go): a line for each descriptor it asks for.
+	if s.decisions != nil {
+		s.logDecisions(ctx, req, w, resp)
+	}
 	return resp, nil
 }
 

@@ -32,6 +32,8 @@ func run(ctx context.Context, args []string, env []string, stdout, stderr io.Wri
 		err = runCheck(ctx, args, env, stdout, stderr)
 	case "inspect", "reset":
 		err = runKeys(ctx, name, args, env, stdout, stderr)
+	case "top":
+		err = runTop(ctx, args, env, stdout, stderr)
 	case "version":
 		err = runVersion(args, stdout, stderr)
 	case "help":

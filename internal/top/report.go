@@ -118,7 +118,7 @@ func (r *ruleTop) report(long bool, cur, slots int64, keys int, byHits bool) Rul
 			c := &s.cs[i]
 			a := merged[c.hash]
 			if a == nil {
-				a = &agg{KeyReport: KeyReport{Descriptor: c.text}, seen: -1}
+				a = &agg{KeyReport: KeyReport{Descriptor: c.text()}, seen: -1}
 				merged[c.hash] = a
 			}
 			a.Hits += c.count

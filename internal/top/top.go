@@ -27,11 +27,12 @@ const (
 	longSlot   = time.Minute
 	longSlots  = 11 // the last ten minutes
 
-	// MaxTextBytes bounds the descriptor text kept for a key; longer texts are cut and end in "…".
+	// MaxTextBytes bounds the descriptor text reported for a key; longer texts are cut and end
+	// in "…". A counter keeps the first 128 bytes of the key it counts, rendered when reported.
 	MaxTextBytes = 128
-	// counterBytes is what one counter may hold at most: its record (64 bytes), its text
-	// (MaxTextBytes and the "…", in a 144-byte allocation) and its place in its summary's
-	// index, with room to spare.
+	// counterBytes is what one counter takes at most: its record (184 bytes, the key's first
+	// 128 among them), its place in its summary's heap (4) and index (about 20), with room to
+	// spare.
 	counterBytes = 256
 	// ruleOverhead is a rule's bookkeeping besides its counters.
 	ruleOverhead = 2048
@@ -121,13 +122,6 @@ func (t *Top) Observe(now time.Time, o *Observation) {
 	}
 	ident := keyIdentity(o.Key)
 	h := maphash.String(t.seed, ident)
-	var rendered string
-	text := func() string { // rendered once, for whichever summary first gives the key a counter
-		if rendered == "" {
-			rendered = descriptorText(ident)
-		}
-		return rendered
-	}
 	ns := now.UnixNano()
 	r.last.Store(ns)
 	ss, ls := ns/int64(shortSlot), ns/int64(longSlot)
@@ -136,12 +130,12 @@ func (t *Top) Observe(now time.Time, o *Observation) {
 	if s.slot != ss {
 		s.reset(ss)
 	}
-	s.add(h, o, text)
+	s.add(h, o, ident)
 	l := r.long[ls%longSlots]
 	if l.slot != ls {
 		l.reset(ls)
 	}
-	l.add(h, o, text)
+	l.add(h, o, ident)
 	r.mu.Unlock()
 }
 
@@ -218,24 +212,33 @@ func keyIdentity(key string) string {
 
 // descriptorText renders a key's identity as the descriptor it came from, "k=v,k2=v2" (the
 // domain left out), with ',', '=' and '%' percent-encoded as rls inspect reads them, and a
-// shared value as '*' and its pattern; cut to MaxTextBytes.
-func descriptorText(ident string) string {
+// shared value as '*' and its pattern; cut to MaxTextBytes. cut says ident is the start of a
+// longer identity: its last field may be partial, and the text ends in "…".
+func descriptorText(ident string, cut bool) string {
 	var b []byte
 	fields := 0
 	shared := false
-	for i := 0; i < len(ident); {
+	for i := 0; i < len(ident) && len(b) <= MaxTextBytes; {
 		if ident[i] == '*' {
 			shared = true
 			i++
 			continue
 		}
 		c := i
-		for ident[c] != ':' {
+		for c < len(ident) && ident[c] != ':' {
 			c++
 		}
-		n, _ := strconv.Atoi(ident[i:c])
-		f := ident[c+1 : c+1+n]
-		i = c + 1 + n
+		n, err := strconv.Atoi(ident[i:c])
+		if err != nil || c == len(ident) {
+			cut = true
+			break
+		}
+		end := c + 1 + n
+		if end > len(ident) {
+			end, cut = len(ident), true
+		}
+		f := ident[c+1 : end]
+		i = end
 		fields++
 		switch {
 		case fields == 1: // the domain
@@ -252,16 +255,23 @@ func descriptorText(ident string) string {
 			}
 		}
 		b = appendEscaped(b, f)
-		if len(b) > MaxTextBytes {
-			break
-		}
 	}
 	if len(b) > MaxTextBytes {
-		cut := MaxTextBytes
-		for cut > 0 && !utf8.RuneStart(b[cut]) {
-			cut--
+		i := MaxTextBytes
+		for i > 0 && !utf8.RuneStart(b[i]) {
+			i--
 		}
-		return string(b[:cut]) + "…"
+		b, cut = b[:i], true
+	}
+	if cut {
+		// A cut identity may end inside a character: drop its first bytes.
+		for k := 0; k < utf8.UTFMax-1 && len(b) > 0; k++ {
+			if r, size := utf8.DecodeLastRune(b); r != utf8.RuneError || size > 1 {
+				break
+			}
+			b = b[:len(b)-1]
+		}
+		return string(b) + "…"
 	}
 	return string(b)
 }

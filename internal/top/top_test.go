@@ -12,6 +12,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 	"unsafe"
 
 	"github.com/rls-project/rls/internal/statekey"
@@ -40,8 +41,17 @@ func TestKeyText(t *testing.T) {
 		if !strings.HasPrefix(c.key, ident) || c.key[len(ident)] != '#' {
 			t.Errorf("keyIdentity(%q) = %q: want the key up to its tag", c.key, ident)
 		}
-		if got := descriptorText(ident); got != c.want {
+		if got := descriptorText(ident, false); got != c.want {
 			t.Errorf("descriptorText(%q) = %q, want %q", ident, got, c.want)
+		}
+	}
+	// A counter keeps the first bytes of a long key, and renders them cut, whole characters.
+	for _, v := range []string{strings.Repeat("é", 100), "x" + strings.Repeat("é", 100), strings.Repeat("€", 60)} {
+		var c counter
+		c.setIdent(keyIdentity(backendKey("domain", "0", "k", v)))
+		got := c.text()
+		if !c.cut || !utf8.ValidString(got) || !strings.HasSuffix(got, "…") || !strings.HasPrefix("k="+v, strings.TrimSuffix(got, "…")) || len(got) < 100 {
+			t.Errorf("a counter of k=%s renders %q", v, got)
 		}
 	}
 	// Every limit of a rule counts the descriptor as one key.
@@ -355,6 +365,50 @@ func TestPageSelfContained(t *testing.T) {
 	PageHandler().ServeHTTP(rec, httptest.NewRequest("GET", "/debug/top.html", nil))
 	if csp := rec.Header().Get("Content-Security-Policy"); !strings.Contains(csp, "default-src 'none'") {
 		t.Errorf("Content-Security-Policy %q", csp)
+	}
+}
+
+// TestSummaryInvariants: under random weighted adds of keys whose hashes collide in their low
+// bits (long probes, removals that move entries back), every counter is found in the index at
+// its place, the heap holds, and the counts sum to the total, as space-saving's do.
+func TestSummaryInvariants(t *testing.T) {
+	t.Parallel()
+	r := rand.New(rand.NewPCG(3, 3))
+	for _, m := range []int{1, 2, 8, 64} {
+		s := newSummary(m)
+		s.reset(0)
+		for i := range 20_000 {
+			h := r.Uint64N(uint64(4*m))<<20 | r.Uint64N(4) // few distinct low bits
+			s.add(h, &Observation{Cost: 1 + r.Int64N(3)}, "1:d")
+			if i%97 != 0 {
+				continue
+			}
+			var sum int64
+			for j := range s.cs {
+				c := &s.cs[j]
+				sum += c.count
+				if p, ok := s.find(c.hash); !ok || s.index[p] != int32(j) {
+					t.Fatalf("m=%d: counter %d (hash %x) not found at its place", m, j, c.hash)
+				}
+				if int(s.heap[c.pos]) != j {
+					t.Fatalf("m=%d: counter %d not at its heap place", m, j)
+				}
+			}
+			used := 0
+			for _, v := range s.index {
+				if v >= 0 {
+					used++
+				}
+			}
+			if used != len(s.cs) || sum != s.total {
+				t.Fatalf("m=%d: %d places used for %d counters; counts sum to %d, total %d", m, used, len(s.cs), sum, s.total)
+			}
+			for k := 1; k < len(s.heap); k++ {
+				if s.less(k, (k-1)/2) {
+					t.Fatalf("m=%d: heap broken at %d", m, k)
+				}
+			}
+		}
 	}
 }
 

@@ -86,8 +86,11 @@ func runTop(ctx context.Context, args, env []string, stdout, stderr io.Writer) e
 		if !*o.once {
 			screen.WriteString("\x1b[H\x1b[2J") // home, clear
 		}
+		if ctx.Err() != nil {
+			return nil // interrupted
+		}
 		if err != nil {
-			if *o.once || ctx.Err() != nil {
+			if *o.once {
 				return err
 			}
 			fmt.Fprintf(&screen, "rls top: %v (retrying every %v)\n", err, *o.interval)

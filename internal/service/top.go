@@ -10,7 +10,8 @@ import (
 
 // observeTop tells the top talkers each descriptor's decision, by the limit that answers for
 // it (limiting), as the metrics count it. Descriptors no rule matched (a request's own
-// override among them) are not counted: the top talkers are kept per rule.
+// override among them) are not counted: the top talkers are kept per rule; nor are hits given
+// back (is_negative_hits) or a hits_addend of 0.
 func (s *Service) observeTop(req *rlsv3.RateLimitRequest, w *work) {
 	now := time.Now()
 	var o top.Observation
@@ -26,6 +27,9 @@ func (s *Service) observeTop(req *rlsv3.RateLimitRequest, w *work) {
 			continue
 		}
 		it := &w.items[best]
+		if it.req.Refund || it.req.Cost <= 0 {
+			continue // hits given back, or none asked for
+		}
 		o.Rule, o.Key, o.Cost = r.Path, it.req.Key, it.req.Cost
 		o.Denied = !it.dec.Allowed // in shadow and quota modes too: what would be denied
 		o.Remaining, o.Limit = it.dec.Remaining, it.req.Limit.Burst

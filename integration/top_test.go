@@ -69,7 +69,7 @@ func getTop(t *testing.T, p *rlsProc, query string) (top.Report, int) {
 }
 
 // TestTopTalkersZipf: under a Zipf workload over a million users, decided by the real binary on
-// each backend, /debug/top holds every one of the true top 10 users by denials and by hits, each
+// the memory backend and on Redis, /debug/top holds every one of the true top 10 users by denials and by hits, each
 // count within the error it states, that error within the rule's hits over the counters, and
 // the rule's totals exact; the answer stays small however many keys are asked for.
 func TestTopTalkersZipf(t *testing.T) {
@@ -81,10 +81,6 @@ func TestTopTalkersZipf(t *testing.T) {
 		{"memory", func(*testing.T) []string { return nil }},
 		{"redis", func(t *testing.T) []string {
 			return []string{"--backend", "redis", "--redis-url", redistest.URL(t, redistest.SingleEnv),
-				"--redis-key-prefix", "toptest" + strconv.FormatUint(rand.Uint64(), 36) + ":", "--redis-timeout", "10s"}
-		}},
-		{"redis-cluster", func(t *testing.T) []string {
-			return []string{"--backend", "redis", "--redis-url", redistest.URL(t, redistest.ClusterEnv),
 				"--redis-key-prefix", "toptest" + strconv.FormatUint(rand.Uint64(), 36) + ":", "--redis-timeout", "10s"}
 		}},
 	} {
@@ -99,7 +95,7 @@ func TestTopTalkersZipf(t *testing.T) {
 }
 
 func zipfAgainst(t *testing.T, p *rlsProc) {
-	const requests, batch, workers, counters = 1000, 8, 8, 256
+	const requests, batch, workers, counters = 500, 8, 8, 256
 	c := p.client(t)
 	ctx := ctxT(t)
 	var mu sync.Mutex

@@ -43,7 +43,7 @@ func serveGroup(name string) string {
 	for _, p := range []struct{ prefix, group string }{
 		{"grpc-tls-", "listeners"}, {"http-", "clients"}, {"max-", "clients"}, {"config", "rules"}, {"xds-", "rules"},
 		{"response-header-", "rules"}, {"redis-", "state"}, {"rlqs", "rlqs"}, {"log-", "observability"},
-		{"global-", "regions"}, {"statsd-", "observability"}, {"decision-log", "observability"},
+		{"global-", "regions"}, {"statsd-", "observability"}, {"decision-log", "observability"}, {"top-", "observability"},
 	} {
 		if strings.HasPrefix(name, p.prefix) {
 			return p.group

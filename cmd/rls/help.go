@@ -107,6 +107,20 @@ named with its line number; --on-error says whether to stop or go on. Exit statu
 		flags: func(fs *flag.FlagSet) { replayFlags(fs) },
 	},
 	{
+		name:     "top",
+		synopsis: "rls top [flags]",
+		summary:  "show the keys most denied or most hit, live, like top",
+		about: `Reads /debug/top from a running rls's debug listener (--debug-url: rls serve's --debug-addr)
+every --interval and shows it on a cleared screen until interrupted: per rule, its hits and
+denials over the last minute (or --window 10m) and its top keys, each as the descriptor
+rls inspect takes, with its hits, denials, the error bound of both, and what its last
+decision left of its limit. --once prints one screen and exits. The server keeps these counts
+unless --top-keys 0. Exit status: 0 when interrupted, 1 on error (with --once), 64 for a
+usage error.`,
+		env:   true,
+		flags: func(fs *flag.FlagSet) { topCmdFlags(fs) },
+	},
+	{
 		name:     "version",
 		synopsis: "rls version | rls --version",
 		summary:  "print which rls this is: version, commit, Go release",

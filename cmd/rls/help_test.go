@@ -97,7 +97,7 @@ func TestHelpErrors(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"help", "frobnicate"}, `rls help: unknown command "frobnicate": want serve, validate, check, inspect, reset, replay, version or help`},
+		{[]string{"help", "frobnicate"}, `rls help: unknown command "frobnicate": want serve, validate, check, inspect, reset, replay, top, version or help`},
 		{[]string{"help", "check", "reset"}, "usage: rls help [COMMAND]"},
 		{[]string{"frobnicate"}, `unknown command "frobnicate"`},
 		{[]string{"--nope"}, "flag provided but not defined: --nope\nRun \"rls help serve\" for its flags."},

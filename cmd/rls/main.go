@@ -6,6 +6,7 @@
 //	rls check [flags] k=v,...   ask a running server once and print the answer
 //	rls inspect [flags] k=v,... read a descriptor's state from a running server, charging nothing
 //	rls reset [flags] k=v,...   give a descriptor's budget back (needs the admin token)
+//	rls top [flags]             the keys most denied, live, from a running server's /debug/top
 //	rls version, rls --version  say which rls this is
 //	rls help [COMMAND]          list the commands and serve's flags, or say what one command does
 //

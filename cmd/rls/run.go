@@ -34,6 +34,8 @@ func run(ctx context.Context, args []string, env []string, stdout, stderr io.Wri
 		err = runKeys(ctx, name, args, env, stdout, stderr)
 	case "replay":
 		err = runReplay(args, stdout, stderr)
+	case "top":
+		err = runTop(ctx, args, env, stdout, stderr)
 	case "version":
 		err = runVersion(args, stdout, stderr)
 	case "help":

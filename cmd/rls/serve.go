@@ -110,6 +110,7 @@ func serveFlags(fs *flag.FlagSet, c *server.Config, ratelimitEnv *bool) {
 	boundsFlags(fs, &c.Bounds)
 	policyFlags(fs, &c.CallerPolicy)
 	regionsFlags(fs, &c.Regions)
+	topFlags(fs, &c.Top)
 }
 
 // readRatelimitEnv applies envoyproxy/ratelimit's environment, when env holds it, to the flags

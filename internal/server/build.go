@@ -21,6 +21,7 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/logthrottle"
 	"github.com/rls-project/rls/internal/service"
+	"github.com/rls-project/rls/internal/top"
 )
 
 // Serve runs one server built from c, logging to stderr, until ctx ends (SIGTERM, SIGINT) or a
@@ -137,6 +138,9 @@ func (s *Server) buildService(context.Context) (err error) {
 	if err := s.openDecisionLog(); err != nil {
 		return err
 	}
+	if c.Top.Keys > 0 && c.Debug.Addr != "" { // only the debug listener shows them
+		s.top = top.New(top.Config{Keys: c.Top.Keys, MaxBytes: c.Top.MaxBytes})
+	}
 	s.svc, err = service.New(s.rules, service.Options{
 		Backend: s.be, Logger: s.log, Headers: headers, FailureMode: s.failure, Local: s.local, Global: s.globalExplainer(),
 		Metrics: metrics, Tracer: s.tracing.tracer, DetailedMetricValues: c.DetailedMetricValues,
@@ -146,6 +150,7 @@ func (s *Server) buildService(context.Context) (err error) {
 		Authorize:           s.callers.authorizer(),
 		MaxNewKeysPerCaller: c.Bounds.MaxNewKeysPerCaller, Warnings: s.warn,
 		Stats: s.statsd.serviceStats(), DecisionLog: s.decisions,
+		Top: s.top,
 	})
 	return err
 }
@@ -236,7 +241,7 @@ func (s *Server) buildHTTP(context.Context) error {
 	s.http = c.HTTP.server(mountKeys(mainMux(s.svc, s.ready, s.statsd.gatherer, s.reg, guard), s.svc, token, s.log, s.warn, guard))
 	s.http.TLSConfig = tlsCfg
 	if c.Debug.Addr != "" {
-		s.debug = c.HTTP.debugServer(debugMux(s.svc, s.rlqs, c.Debug.Pprof))
+		s.debug = c.HTTP.debugServer(debugMux(s.svc, s.rlqs, s.top, c.Debug.Pprof))
 	}
 	if c.Metrics.Addr != "" {
 		mux := http.NewServeMux()

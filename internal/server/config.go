@@ -12,6 +12,7 @@ import (
 	"github.com/rls-project/rls/internal/reload"
 	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
+	"github.com/rls-project/rls/internal/top"
 	"github.com/rls-project/rls/internal/xds"
 )
 
@@ -41,7 +42,8 @@ type Config struct {
 	FailureMode          string  // --failure-mode
 	NearLimitRatio       float64 // --near-limit-ratio
 	DetailedMetricValues int     // --detailed-metric-values
-	ResponseHeaders      string  // --response-headers: none, draft or legacy
+	Top                  TopConfig
+	ResponseHeaders      string // --response-headers: none, draft or legacy
 	HeaderNames          service.LegacyHeaderNames
 	ShadowMode           bool   // --shadow-mode
 	QuotaMode            bool   // --quota-mode
@@ -101,6 +103,12 @@ type HTTPConfig struct {
 	TLSKey      string // --http-tls-key
 	TLSClientCA string // --http-tls-client-ca
 	HTTPLimits
+}
+
+// TopConfig sizes the top talkers (/debug/top on the debug listener).
+type TopConfig struct {
+	Keys     int   // --top-keys; 0: off
+	MaxBytes int64 // --top-max-bytes
 }
 
 // DebugConfig is the debug listener's.
@@ -189,6 +197,7 @@ func DefaultConfig() Config {
 		FailureMode:          "error",
 		NearLimitRatio:       0.8,
 		DetailedMetricValues: service.DefaultDetailedMetricValues,
+		Top:                  TopConfig{Keys: top.DefaultKeys, MaxBytes: top.DefaultMaxBytes},
 		ResponseHeaders:      "none",
 		HeaderNames: service.LegacyHeaderNames{
 			Limit: service.DefaultLimitHeader, Remaining: service.DefaultRemainingHeader, Reset: service.DefaultResetHeader,

@@ -14,6 +14,7 @@ import (
 	"github.com/rls-project/rls/internal/ratelimitenv"
 	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
+	"github.com/rls-project/rls/internal/top"
 )
 
 // HTTPLimits bound what one HTTP connection may hold: a client that sends slowly, reads
@@ -62,10 +63,12 @@ func mainMux(svc *service.Service, ready *readiness, g prometheus.Gatherer, reg 
 	return mux
 }
 
-// debugMux is the debug listener's (--debug-addr): the rules in force, any key's state, and
-// with --debug Go's profiler.
-func debugMux(svc *service.Service, quotas *rlqs.Server, pprofOn bool) *http.ServeMux {
+// debugMux is the debug listener's (--debug-addr): the rules in force, any key's state, the
+// top talkers (nil: off) and with --debug Go's profiler.
+func debugMux(svc *service.Service, quotas *rlqs.Server, talkers *top.Top, pprofOn bool) *http.ServeMux {
 	mux := http.NewServeMux()
+	mux.Handle("GET /debug/top", talkers.Handler())
+	mux.Handle("GET /debug/top.html", top.PageHandler())
 	mountRLQS(mux, quotas)
 	mux.Handle("GET /debug/rules", svc.RulesHandler())
 	mux.Handle("GET /rlconfig", svc.RLConfigHandler()) // envoyproxy/ratelimit's rule dump

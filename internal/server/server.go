@@ -24,6 +24,7 @@ import (
 	"github.com/rls-project/rls/internal/regions"
 	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
+	"github.com/rls-project/rls/internal/top"
 	"github.com/rls-project/rls/internal/version"
 	"github.com/rls-project/rls/internal/xds"
 )
@@ -41,6 +42,7 @@ type Server struct {
 	be      backend.Backend
 	local   backend.Backend
 	svc     *service.Service
+	top     *top.Top      // nil: top talkers off
 	rlqs    *rlqs.Server  // nil with --rlqs=false
 	regions *regions.Node // nil without --region
 	warn    *logthrottle.Throttle

@@ -11,6 +11,7 @@ import (
 	redisbackend "github.com/rls-project/rls/internal/backend/redis"
 	"github.com/rls-project/rls/internal/rlqs"
 	"github.com/rls-project/rls/internal/service"
+	"github.com/rls-project/rls/internal/top"
 )
 
 // Validate checks every value of c and every combination of them: it returns the errors of
@@ -52,6 +53,11 @@ func (c Config) validateService() error {
 	}
 	if !(c.NearLimitRatio >= 0 && c.NearLimitRatio <= 1) { // NaN too
 		errs = append(errs, fmt.Errorf("--near-limit-ratio %v: want a value in [0, 1]", c.NearLimitRatio))
+	}
+	if t := c.Top; t.Keys < 0 || t.Keys > top.MaxKeys {
+		errs = append(errs, fmt.Errorf("--top-keys %d: want 0 (off) to %d", t.Keys, top.MaxKeys))
+	} else if t.Keys > 0 && t.MaxBytes < top.RuleBytes(t.Keys) {
+		errs = append(errs, fmt.Errorf("--top-max-bytes %d: one rule's counters need %d with --top-keys %d", t.MaxBytes, top.RuleBytes(t.Keys), t.Keys))
 	}
 	if c.Backend != "memory" && c.Backend != "redis" {
 		errs = append(errs, fmt.Errorf("--backend %q: want memory or redis", c.Backend))

@@ -33,6 +33,7 @@ import (
 	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/logthrottle"
 	"github.com/rls-project/rls/internal/statekey"
+	"github.com/rls-project/rls/internal/top"
 )
 
 // maxCost caps a hits_addend; any cost above a limit's burst is denied anyway. The other bounds
@@ -88,6 +89,8 @@ type Options struct {
 	// Warnings throttles the warnings a client can cause at will, here a request refused by
 	// MaxNewKeysPerCaller (default: one line a minute per cause on Logger).
 	Warnings *logthrottle.Throttle
+	// Top, when set, is told every descriptor's decision (top.go): /debug/top's top talkers.
+	Top *top.Top
 }
 
 // DefaultDetailedMetricValues is the default of Options.DetailedMetricValues.
@@ -125,6 +128,7 @@ type Service struct {
 	newKeys      *newKeyGate           // nil: no bound on new keys
 	warn         *logthrottle.Throttle // warnings a client can cause; nil without a new-key gate
 	decisions    *decisionlog.Log      // nil: no decision log
+	top          *top.Top              // nil: top talkers off
 
 	mu         sync.Mutex // serializes SetRules
 	generation atomic.Uint64
@@ -166,6 +170,7 @@ func New(rules *descriptors.RuleSet, opts Options) (*Service, error) {
 	s.pool.New = func() any { return new(work) }
 	s.authorize = opts.Authorize
 	s.decisions = opts.DecisionLog
+	s.top = opts.Top
 	if rules != nil {
 		s.SetRules(rules)
 	}
@@ -283,6 +288,10 @@ func (s *Service) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitReque
 		var err error
 		if admitted, err = s.decide(ctx, w); err != nil {
 			return s.failed(ctx, req, w, err)
+		}
+		// The decisions' observers, each one call here: top talkers (top.go).
+		if s.top != nil {
+			s.observeTop(req, w)
 		}
 	}
 	resp := s.response(req, w, admitted)

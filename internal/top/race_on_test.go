@@ -1,0 +1,5 @@
+//go:build race
+
+package top
+
+const raceEnabled = true

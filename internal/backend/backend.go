@@ -35,6 +35,10 @@ func (r *Request) OverdraftCharge() bool {
 	return r.Limit.Overdraft && r.Cost > 0 && !r.Refund && r.Limit.Rate > 0
 }
 
+// Unadmittable reports whether no wait would ever admit r: a cost above its limit's burst (a
+// rate of 0 included), outside overdraft. Its denial has no time to tell.
+func (r *Request) Unadmittable() bool { return r.Cost > r.Limit.Burst && !r.Limit.Overdraft }
+
 // Backend decides batches of requests against stored state, under each request's algorithm.
 type Backend interface {
 	// Decide decides reqs as one unit, all or nothing: it writes one Decision per request into

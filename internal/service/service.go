@@ -551,7 +551,7 @@ func setStatus(st *rlsv3.RateLimitResponse_DescriptorStatus, it *item) {
 		if it.req.Mode != backend.Shadow {
 			st.Code = rlsv3.RateLimitResponse_OVER_LIMIT
 		}
-		if it.req.Cost > it.req.Limit.Burst && !it.req.Limit.Overdraft {
+		if it.req.Unadmittable() {
 			// A cost above the burst is never admitted, however long it waits: the status
 			// says no time (neither "retry now" nor a wait that would not help).
 			st.DurationUntilReset = nil

@@ -91,8 +91,9 @@ func SameAnswer(t testing.TB, what string, admitted bool, items []replay.Item, r
 			}
 		}
 		rem := uint32(min(max(it.Decision.Remaining, 0), math.MaxUint32))
+		never := !it.Decision.Allowed && it.Req.Unadmittable() // the service says no wait
 		if st.Code != code || st.GetCurrentLimit().GetName() != it.Limit.Name || st.LimitRemaining != rem ||
-			(wait > 0 && st.GetDurationUntilReset().AsDuration() != wait) {
+			(never && st.DurationUntilReset != nil) || (!never && wait > 0 && st.GetDurationUntilReset().AsDuration() != wait) {
 			t.Fatalf("%s, descriptor %d: replay %v %q remaining %d wait %v; the service %v", what, i, code, it.Limit.Name, rem, wait, st)
 		}
 	}

@@ -15,6 +15,12 @@ type Decision struct {
 	ResetAfter time.Duration // until the key is back to a full burst
 }
 
+// Tighter reports whether c answers for a descriptor rather than b, the one answering so far,
+// among the decisions of one descriptor's limits: a denial over an admission, and among
+// admissions the one with less remaining. (A response reports, per descriptor, the limit that
+// denies it or else the one with least remaining.)
+func Tighter(b, c *Decision) bool { return b.Allowed && (!c.Allowed || c.Remaining < b.Remaining) }
+
 // State is the stored GCRA state of one key: the theoretical arrival time TAT, exactly
 // TAT + Frac/Rate microseconds since the Unix epoch, and the Rate and Period it was computed
 // under (so a changed limit can be applied at once). The zero value is a key never seen.

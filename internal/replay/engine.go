@@ -273,8 +273,7 @@ func Limiting(items []Item, desc int) int {
 			best = k
 			continue
 		}
-		b, c := &items[best].Decision, &items[k].Decision
-		if b.Allowed && (!c.Allowed || c.Remaining < b.Remaining) {
+		if backend.Tighter(&items[best].Decision, &items[k].Decision) {
 			best = k
 		}
 	}

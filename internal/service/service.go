@@ -522,8 +522,7 @@ func limiting(items []item, i, k int) (best, next int) {
 			best = k
 			continue
 		}
-		b, c := &items[best].dec, &items[k].dec
-		if b.Allowed && (!c.Allowed || c.Remaining < b.Remaining) {
+		if backend.Tighter(&items[best].dec, &items[k].dec) {
 			best = k
 		}
 	}

@@ -3,6 +3,9 @@ package replay
 import (
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 
@@ -167,5 +170,20 @@ func TestInputsAlike(t *testing.T) {
 	}
 	if rep := run.Report(); rep.Requests != 21 || rep.Rules[0].Denied[0] != 19 || rep.Rules[0].Top[0][0] != (KeyCount{"user=a", 19}) {
 		t.Errorf("a line of count 7, sample 3: %d requests, rules %+v", rep.Requests, rep.Rules[0])
+	}
+}
+
+// TestDocMappingParses: the mapping file docs/replay.md shows is one ParseMapping takes.
+func TestDocMappingParses(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "replay.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)```yaml\n(time_field:.*?)```").FindSubmatch(doc)
+	if m == nil {
+		t.Fatal("docs/replay.md shows no mapping file (a yaml block starting with time_field:)")
+	}
+	if _, err := ParseMapping(m[1], "docs/replay.md"); err != nil {
+		t.Errorf("docs/replay.md's mapping: %v", err)
 	}
 }

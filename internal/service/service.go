@@ -217,6 +217,11 @@ type descState struct {
 	over   [1]descriptors.Limit // backs limits for a request's override
 	// override: limits is the descriptor's own override, decided in a key of its own.
 	override bool
+	// slot and release are the descriptor's SlotEntry and ReleaseEntry (see slots.go); plain
+	// is then its entries without them (nil when it has neither).
+	slot    string
+	release bool
+	plain   []*ratelimitv3.RateLimitDescriptor_Entry
 }
 
 // item is one backend request of a request: one limit of one descriptor, with its decision and
@@ -312,6 +317,7 @@ func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest
 		for _, e := range d.Entries {
 			w.entries = append(w.entries, descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
+		w.entries = ds.takeSlotEntries(d.Entries, w.entries)
 		if r := rs.Match(domain, w.entries); r != nil {
 			ds.rule = r
 			ds.limits = r.Limits
@@ -347,20 +353,27 @@ func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest
 			}
 		}
 		fail := s.failureModeOf(ds.rule)
+		entries := d.Entries
+		if ds.plain != nil {
+			entries = ds.plain
+		}
 		for j := range ds.limits {
 			l := &ds.limits[j]
 			replaced := l.Name != "" && slices.Contains(w.replaced, l.Name)
 			if replaced && !keepReplaced {
 				continue
 			}
+			req := backend.Request{Limit: l.Spec, Cost: cost, Refund: d.GetIsNegativeHits(), Mode: mode}
+			if !ds.slotRequest(&req) {
+				continue
+			}
 			if ds.override {
-				w.appendOverrideKey(domain, d.Entries, d.GetLimit())
+				w.appendOverrideKey(domain, entries, d.GetLimit())
 			} else {
-				w.appendKey(domain, d.Entries, share, l.KeyTag)
+				w.appendKey(domain, entries, share, l.KeyTag)
 			}
 			w.items = append(w.items, item{
-				desc: i, limit: l, fail: fail, replaced: replaced, keyEnd: len(w.keys),
-				req: backend.Request{Limit: l.Spec, Cost: cost, Refund: d.GetIsNegativeHits(), Mode: mode},
+				desc: i, limit: l, fail: fail, replaced: replaced, keyEnd: len(w.keys), req: req,
 			})
 		}
 	}

@@ -136,6 +136,9 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 			return false, err
 		}
 	}
+	if backend.HoldsSlots(reqs) {
+		return b.decideSlots(ctx, reqs, out[:len(reqs)])
+	}
 	if b.leases != nil {
 		return b.leases.Decide(ctx, reqs, out[:len(reqs)])
 	}

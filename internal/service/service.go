@@ -474,6 +474,7 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 	if !admitted {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
+	s.metrics.countSlots(w, admitted)
 	var md responseMetadata
 	k := 0
 	for i := range req.Descriptors {

@@ -2,11 +2,13 @@ package service
 
 import (
 	"context"
+	"net/http"
 	"testing"
 	"time"
 
 	ratelimitv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/descriptors"
@@ -29,7 +31,12 @@ descriptors:
 	}
 	now := time.Unix(1_800_000_000, 0)
 	m, _ := backend.NewMemory(backend.MemoryOptions{Now: func() time.Time { return now }})
-	svc, err := New(rs, Options{Backend: m})
+	reg := prometheus.NewRegistry()
+	metrics, err := NewMetrics(reg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(rs, Options{Backend: m, Metrics: metrics})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,4 +71,39 @@ descriptors:
 	if _, err := m.Decide(context.Background(), []backend.Request{{Key: rateKey, Limit: rs.Match("llm", []descriptors.Entry{{Key: "user", Value: "alice"}}).Limits[0].Spec}}, out); err != nil || out[0].Remaining != 7 {
 		t.Fatalf("rate: %+v %v, want 7 remaining (3 charges)", out[0], err)
 	}
+	// /v1/keys (rls inspect) shows the slots held: r2 and r3.
+	w, res := keysRequest(t, svc.KeysHandler(KeysOptions{}), http.MethodGet, "domain=llm&descriptor=user=alice", "")
+	if w.Code != http.StatusOK || len(res.Descriptors) != 1 || len(res.Descriptors[0].Limits) != 2 {
+		t.Fatalf("inspect: %d %s", w.Code, w.Body)
+	}
+	if kl := res.Descriptors[0].Limits[1]; kl.Algorithm != "concurrency" || kl.SlotsHeld != 2 || kl.Remaining != 0 || kl.InDebt || kl.ResetAfter != 60 {
+		t.Errorf("inspect: %+v, want 2 slots held, none free", kl)
+	}
+	for op, want := range map[string]float64{"acquired": 3, "refused": 2, "released": 1} {
+		if got := slotOpsCount(t, reg, op); got != want {
+			t.Errorf("rls_slot_operations_total{op=%q} = %v, want %v", op, got, want)
+		}
+	}
+}
+
+// slotOpsCount reads rls_slot_operations_total{op} from reg.
+func slotOpsCount(t *testing.T, reg *prometheus.Registry, op string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "rls_slot_operations_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "op" && lp.GetValue() == op {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return 0
 }

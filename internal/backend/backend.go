@@ -97,6 +97,14 @@ type CacheStats interface {
 	CacheHits() uint64
 }
 
+// SlotStats is implemented by a Backend that holds slots of Concurrency limits (DecideSlot):
+// how many slots it found expired and dropped, each a release lost (or a request that ran past
+// its slot's lifetime). A lower bound: a key whose slots all expire with no request after them
+// leaves uncounted.
+type SlotStats interface {
+	SlotsExpired() uint64
+}
+
 // MemoryStats is implemented by a Backend that keeps its keys in this process within a bound:
 // how many keys and bytes it holds, and how many keys it has forgotten while they still held
 // usage to stay within the bound (each may over-admit up to its burst).

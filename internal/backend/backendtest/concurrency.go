@@ -104,6 +104,9 @@ var slotCases = []struct {
 		free(t, b, key, l, 0)
 		clock.Set(clock.Now().Add(2 * time.Second))
 		free(t, b, key, l, 2)
+		if s, ok := b.(backend.SlotStats); ok && s.SlotsExpired() != 3 {
+			t.Fatalf("%d slots counted expired, want 3 (a, b and c)", s.SlotsExpired())
+		}
 	}},
 	{"a rate's denial holds no slot", func(t *testing.T, b backend.Backend, clock *Clock, key string) {
 		l, rate := Slots(2, time.Minute), PerMinute(limit.GCRA, 1)

@@ -115,6 +115,11 @@ func (b *Backend) decideSlots(ctx context.Context, reqs []backend.Request, out [
 	return backend.Admitted(reqs, out), nil
 }
 
+// SlotsExpired implements backend.SlotStats: the expired slots the scripts dropped.
+func (b *Backend) SlotsExpired() uint64 { return b.slotsExpired.Load() }
+
+var _ backend.SlotStats = (*Backend)(nil)
+
 // slotOp is the script's operation for r.
 func slotOp(r *backend.Request) string {
 	switch {
@@ -141,7 +146,7 @@ func (b *Backend) runSlots(ctx context.Context, reqs []backend.Request, idx []in
 	var first error
 	for k, c := range cmds {
 		vals, cerr := c.Int64Slice()
-		if cerr != nil || len(vals) != 8 {
+		if cerr != nil || len(vals) != 9 {
 			if first == nil {
 				first = cerr
 				if first == nil {
@@ -156,6 +161,7 @@ func (b *Backend) runSlots(ctx context.Context, reqs []backend.Request, idx []in
 				RetryAfter: time.Duration(vals[2]) * time.Microsecond, ResetAfter: time.Duration(vals[3]) * time.Microsecond},
 			freeBefore: vals[4], resetUS: vals[5], prev: vals[6], written: vals[7] == 1,
 		}
+		b.slotsExpired.Add(uint64(max(vals[8], 0)))
 	}
 	if err == nil {
 		err = first

@@ -7,16 +7,17 @@
 --   "a" acquires (or renews) the slot, "r" releases it, "c" checks;
 --   "u" undoes what an "a" or "r" of a refused batch wrote.
 -- The reply of a, r and c: {allowed, remaining, retry_us, reset_us, free_before, reset_before_us,
--- prev, written}: the decision; the key as the call found it (slots free, µs until all free);
--- the slot's score before the call (-1: not held); 1 when the call wrote. Expired slots are
--- dropped first, so a key never holds more than max_in_flight members.
+-- prev, written, expired}: the decision; the key as the call found it (slots free, µs until all
+-- free); the slot's score before the call (-1: not held); 1 when the call wrote; the expired
+-- slots it dropped. Expired slots are dropped first, so a key never holds more than
+-- max_in_flight members.
 local key = KEYS[1]
 local op, now, n, life, id = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), ARGV[5]
 if now == 0 then
   local t = redis.call("TIME")
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 end
-redis.call("ZREMRANGEBYSCORE", key, "-inf", now)
+local expired = redis.call("ZREMRANGEBYSCORE", key, "-inf", now)
 
 local function latest()
   local r = redis.call("ZRANGE", key, -1, -1, "WITHSCORES")
@@ -85,4 +86,4 @@ if allowed == 0 then
     retry = 1
   end
 end
-return {allowed, n - held, retry, latest() - now, free_before, reset_before, prev, written}
+return {allowed, n - held, retry, latest() - now, free_before, reset_before, prev, written, expired}

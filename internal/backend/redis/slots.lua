@@ -27,9 +27,8 @@ local function latest()
   return now
 end
 
--- expire makes the key leave with its last slot's expiry.
-local function expire()
-  local top = latest()
+-- expire makes the key leave with its last slot's expiry, top.
+local function expire(top)
   if top > now then
     redis.call("PEXPIRE", key, math.floor((top - now) / 1000) + 1000)
   end
@@ -51,18 +50,22 @@ if op == "u" then
   elseif restore > now and redis.call("ZCARD", key) < n then
     redis.call("ZADD", key, restore, id) -- a release undone, while there is room
   end
-  expire()
+  expire(latest())
   return 0
 end
 
 local held = redis.call("ZCARD", key)
-local free_before, reset_before = n - held, latest() - now
+local top = latest()
+local free_before, reset_before = n - held, top - now
 local allowed, written, retry = 1, 0, 0
 if op == "r" then
   if prev >= 0 then
     redis.call("ZREM", key, id)
     held = held - 1
     written = 1
+    if prev >= top then
+      top = latest()
+    end
   end
 elseif op == "c" then
   if prev < 0 and held >= n then
@@ -74,7 +77,12 @@ elseif id ~= "" and (prev >= 0 or held < n) then
     held = held + 1
   end
   written = 1
-  expire()
+  if now + life >= top then
+    top = now + life
+  elseif prev >= top then
+    top = latest() -- the last to expire renewed under a shorter lifetime
+  end
+  expire(top)
 else
   allowed = 0
 end
@@ -86,4 +94,4 @@ if allowed == 0 then
     retry = 1
   end
 end
-return {allowed, n - held, retry, latest() - now, free_before, reset_before, prev, written, expired}
+return {allowed, n - held, retry, top - now, free_before, reset_before, prev, written, expired}

@@ -490,7 +490,7 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 		}
 		it := &w.items[best]
 		if s.metrics != nil {
-			s.record(req.Domain, req.Descriptors[i], r, w, it)
+			s.record(req.Domain, w.descs[i].counted(req.Descriptors[i]), r, w, it)
 		}
 		if it.via == FailAllow && it.dec.Allowed {
 			// Admitted without a decision: no limit or remaining to report, so that Envoy's

@@ -65,3 +65,12 @@ func (ds *descState) slotRequest(req *backend.Request) bool {
 	}
 	return true
 }
+
+// counted is d as metrics and statistics count it: without its slot entries, so that a slot id
+// never becomes a label value (detailed_metric).
+func (ds *descState) counted(d *ratelimitv3.RateLimitDescriptor) *ratelimitv3.RateLimitDescriptor {
+	if ds.plain == nil {
+		return d
+	}
+	return &ratelimitv3.RateLimitDescriptor{Entries: ds.plain, Limit: d.GetLimit(), HitsAddend: d.GetHitsAddend()}
+}

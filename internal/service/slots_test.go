@@ -107,3 +107,50 @@ func slotOpsCount(t *testing.T, reg *prometheus.Registry, op string) float64 {
 	}
 	return 0
 }
+
+// TestSlotIDNeverALabel: under detailed_metric, the rule label is the descriptor's entries
+// without its slot entries, so that slot ids never become label values.
+func TestSlotIDNeverALabel(t *testing.T) {
+	t.Parallel()
+	rs, err := descriptors.Parse(map[string][]byte{"llm.yaml": []byte(`domain: llm
+descriptors:
+  - key: model
+    detailed_metric: true
+    concurrency: {max_in_flight: 2, slot_lifetime: 1m}
+`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, _ := backend.NewMemory(backend.MemoryOptions{})
+	reg := prometheus.NewRegistry()
+	metrics, err := NewMetrics(reg, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc, err := New(rs, Options{Backend: m, Metrics: metrics})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{"id-1", "id-2"} {
+		if _, err := svc.ShouldRateLimit(context.Background(), &rlsv3.RateLimitRequest{Domain: "llm",
+			Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("model", "m", SlotEntry, id)}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() != "rls_decisions_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, lp := range m.GetLabel() {
+				if lp.GetName() == "rule" && lp.GetValue() != "model=m" {
+					t.Errorf("rule label %q, want model=m", lp.GetValue())
+				}
+			}
+		}
+	}
+}

@@ -22,6 +22,8 @@ domain: llm
 descriptors:
   - key: user
     concurrency: {max_in_flight: 10, slot_lifetime: 1500ms}
+  - key: tenant
+    concurrency: {max_in_flight: 10, slot_lifetime: 1m}
 `
 
 const (
@@ -29,9 +31,9 @@ const (
 	inflightLifetime = 1500 * time.Millisecond
 )
 
-// slotDesc is the descriptor of user's slot id, a release when release is set.
-func slotDesc(user, id string, release bool) []*ratelimitv3.RateLimitDescriptor {
-	ds := d("user", user, "rls_slot", id)
+// slotDesc is the descriptor of key=value's slot id, a release when release is set.
+func slotDesc(key, value, id string, release bool) []*ratelimitv3.RateLimitDescriptor {
+	ds := d(key, value, "rls_slot", id)
 	if release {
 		ds.Entries = append(ds.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: "rls_release", Value: "1"})
 	}
@@ -39,12 +41,12 @@ func slotDesc(user, id string, release bool) []*ratelimitv3.RateLimitDescriptor 
 }
 
 // TestInFlight: three replicas on one Redis (single, then Cluster) and 200 callers holding
-// slots of one key for random times, a fifth of their releases dropped. The callers' own count
+// slots of one key (a 1.5 s lifetime) for random times, a fifth of their releases dropped. The callers' own count
 // of slots acquired and not released (a dropped release counted until its lifetime could have
 // ended) never exceeds N; once the callers stop, the dropped slots free themselves within the
-// lifetime and N admissions follow. Then the releases that must free nothing (twice, another's
-// id, never acquired), and a hostile client with random ids, which holds N slots at most: the
-// key's sorted set never has more than N members.
+// lifetime and N admissions follow. Then, on keys of a 1-minute lifetime, the releases that
+// must free nothing (twice, another's id, never acquired), and a hostile client with random
+// ids, which holds N slots at most: the key's sorted set never has more than N members.
 func TestInFlight(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct{ name, env string }{{"single", redistest.SingleEnv}, {"cluster", redistest.ClusterEnv}} {
@@ -60,8 +62,14 @@ func TestInFlight(t *testing.T) {
 				clients = append(clients, p.client(t))
 			}
 			ctx := ctxT(t)
+			// ask asks for a slot of user (1.5 s lifetime), or of a tenant (1 minute) when user
+			// begins with "tenant:".
 			ask := func(c int, user, id string, release bool) bool {
-				resp, err := clients[c%3].ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: slotDesc(user, id, release)})
+				key, value := "user", user
+				if v, ok := strings.CutPrefix(user, "tenant:"); ok {
+					key, value = "tenant", v
+				}
+				resp, err := clients[c%3].ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Domain: "llm", Descriptors: slotDesc(key, value, id, release)})
 				if err != nil {
 					t.Error(err)
 					return false
@@ -113,27 +121,28 @@ func TestInFlight(t *testing.T) {
 
 			// The dropped releases' slots free themselves within the lifetime.
 			time.Sleep(inflightLifetime + 100*time.Millisecond)
+			start := time.Now()
 			for i := range inflightN {
 				if !ask(i, "load", fmt.Sprint("after-", i), false) {
 					t.Fatalf("admission %d after the lifetime refused: lost releases still hold slots", i)
 				}
 			}
-			if ask(0, "load", "after-extra", false) {
+			if ask(0, "load", "after-extra", false) && time.Since(start) < inflightLifetime {
 				t.Fatal("an admission past N")
 			}
 
-			// Releases that free nothing.
+			// Releases that free nothing, on a key whose slots outlive the test.
 			for i := range inflightN {
-				ask(i, "r", fmt.Sprint("r-", i), false)
+				ask(i, "tenant:r", fmt.Sprint("r-", i), false)
 			}
-			ask(0, "r", "r-0", true)
-			ask(1, "r", "r-0", true) // the second release of r-0
-			ask(2, "r", "someone-else", true)
-			ask(0, "other-user", "r-1", true)
-			if !ask(1, "r", "new-1", false) {
+			ask(0, "tenant:r", "r-0", true)
+			ask(1, "tenant:r", "r-0", true) // the second release of r-0
+			ask(2, "tenant:r", "someone-else", true)
+			ask(0, "tenant:other", "r-1", true)
+			if !ask(1, "tenant:r", "new-1", false) {
 				t.Fatal("r-0's release freed no slot")
 			}
-			if ask(2, "r", "new-2", false) {
+			if ask(2, "tenant:r", "new-2", false) {
 				t.Fatal("a release twice, of another id or of another key's slot freed a slot")
 			}
 
@@ -142,7 +151,7 @@ func TestInFlight(t *testing.T) {
 			for c := range 50 {
 				wg.Go(func() {
 					for i := range 10 {
-						if ask(c, "hostile", fmt.Sprintf("%x-%d-%d", rand.Uint64(), c, i), false) {
+						if ask(c, "tenant:hostile", fmt.Sprintf("%x-%d-%d", rand.Uint64(), c, i), false) {
 							hostile.Add(1)
 						}
 					}
@@ -152,7 +161,7 @@ func TestInFlight(t *testing.T) {
 			if h := hostile.Load(); h != inflightN {
 				t.Fatalf("hostile client holds %d slots, want %d", h, inflightN)
 			}
-			if n := zcard(t, url, prefix+"3:llm4:user7:hostile#c"); n != inflightN {
+			if n := zcard(t, url, prefix+"3:llm6:tenant7:hostile#c"); n != inflightN {
 				t.Fatalf("the hostile key's sorted set has %d members, want %d", n, inflightN)
 			}
 		})

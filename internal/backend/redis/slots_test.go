@@ -10,6 +10,7 @@ import (
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/backend/backendtest"
+	"github.com/rls-project/rls/internal/redistest"
 )
 
 // TestSlots runs the cases of limits on requests in flight at instants the test sets, on a
@@ -86,4 +87,25 @@ func TestSlotsConcurrent(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSlotsSentinel runs the cases of limits on requests in flight through a Sentinel: the
+// same code as a single node, through the Sentinel's failover client.
+func TestSlotsSentinel(t *testing.T) {
+	t.Parallel()
+	r := redistest.Start(t)
+	target, err := ParseURL("redis-sentinel://" + startSentinel(t, r.Addr()) + "/rlsmaster")
+	if err != nil {
+		t.Fatal(err)
+	}
+	backendtest.RunSlots(t, func(t *testing.T, clock *backendtest.Clock) backend.Backend {
+		b, err := New(context.Background(), Options{Target: target, Timeout: 5 * time.Second, Now: clock.Now,
+			KeyPrefix: fmt.Sprintf("sentinel-%d:", time.Now().UnixNano())})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { b.Close() })
+		b.scriptNow = clock.Micros
+		return b
+	})
 }

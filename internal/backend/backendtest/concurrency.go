@@ -147,6 +147,30 @@ var slotCases = []struct {
 		}
 		free(t, b, key, l, 0)
 	}},
+	{"a lower max_in_flight admits once below it", func(t *testing.T, b backend.Backend, clock *Clock, key string) {
+		l := Slots(3, time.Minute)
+		for _, id := range []string{"a", "b", "c"} {
+			one(t, b, acquire(key, id, l))
+		}
+		l = Slots(2, time.Minute) // the rule edited while three are held
+		free(t, b, key, l, 0)
+		if d := one(t, b, acquire(key, "d", l)); d.Allowed || d.Remaining != 0 {
+			t.Fatalf("acquire with 3 held of 2: %+v", d)
+		}
+		if d := one(t, b, release(key, "a", l)); !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("release with 3 held of 2: %+v", d)
+		}
+		if d := one(t, b, acquire(key, "d", l)); d.Allowed {
+			t.Fatalf("acquire with 2 held of 2: %+v", d)
+		}
+		if d := one(t, b, acquire(key, "b", l)); !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("renewal of b, held: %+v", d)
+		}
+		one(t, b, release(key, "b", l))
+		if d := one(t, b, acquire(key, "d", l)); !d.Allowed || d.Remaining != 0 {
+			t.Fatalf("acquire with 1 held of 2: %+v", d)
+		}
+	}},
 	{"random ids hold at most N", func(t *testing.T, b backend.Backend, clock *Clock, key string) {
 		l := Slots(4, time.Minute)
 		allowed := 0

@@ -56,7 +56,7 @@ end
 
 local held = redis.call("ZCARD", key)
 local top = latest()
-local free_before, reset_before = n - held, top - now
+local free_before, reset_before = math.max(n - held, 0), top - now
 local allowed, written, retry = 1, 0, 0
 if op == "r" then
   if prev >= 0 then
@@ -94,4 +94,4 @@ if allowed == 0 then
     retry = 1
   end
 end
-return {allowed, n - held, retry, top - now, free_before, reset_before, prev, written, expired}
+return {allowed, math.max(n - held, 0), retry, top - now, free_before, reset_before, prev, written, expired}

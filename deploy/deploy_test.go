@@ -22,19 +22,19 @@ var rlsHealthService = rlsv3.RateLimitService_ServiceDesc.ServiceName
 // The kinds of YAML file under deploy/. Every file must be one of them, so a new file cannot
 // escape checking.
 const (
-	kindEnvoy    = "envoy bootstrap"
-	kindRLQS     = "envoy bootstrap with the rate_limit_quota filter"
-	kindRules    = "rls rules"
-	kindTokens   = "rls rules of the token-limit example"
-	kindInflight = "rls rules of the in-flight example"
-	kindK8s      = "kubernetes manifests"
-	kindCompose  = "compose file"
-	kindEG       = "envoy gateway config"
-	kindAlerts   = "prometheus rule file"
-	kindPromUT   = "promtool unit tests of the rule file"
-	kindHelm     = "helm chart file (helm_test.go renders and checks the chart)"
-	kindIstio    = "istio objects (istio_test.go)"
-	kindMesh     = "rls rules of the istio sidecar example"
+	kindEnvoy   = "envoy bootstrap"
+	kindRLQS    = "envoy bootstrap with the rate_limit_quota filter"
+	kindRules   = "rls rules"
+	kindTokens  = "rls rules of the token-limit example"
+	kindSlots   = "rls rules of the in-flight example"
+	kindK8s     = "kubernetes manifests"
+	kindCompose = "compose file"
+	kindEG      = "envoy gateway config"
+	kindAlerts  = "prometheus rule file"
+	kindPromUT  = "promtool unit tests of the rule file"
+	kindHelm    = "helm chart file (helm_test.go renders and checks the chart)"
+	kindIstio   = "istio objects (istio_test.go)"
+	kindMesh    = "rls rules of the istio sidecar example"
 )
 
 // yamlFiles classifies every *.yaml and *.yml under deploy/ (the current directory).
@@ -66,7 +66,7 @@ func yamlFiles(t *testing.T) map[string][]string {
 		case strings.HasPrefix(p, filepath.Join("envoy", "rules-tokens")+string(filepath.Separator)):
 			byKind[kindTokens] = append(byKind[kindTokens], p)
 		case strings.HasPrefix(p, filepath.Join("envoy", "rules-inflight")+string(filepath.Separator)):
-			byKind[kindInflight] = append(byKind[kindInflight], p)
+			byKind[kindSlots] = append(byKind[kindSlots], p)
 		case strings.HasPrefix(p, filepath.Join("envoy", "rules")+string(filepath.Separator)):
 			byKind[kindRules] = append(byKind[kindRules], p)
 		case top["static_resources"] != nil && strings.Contains(string(data), "rate_limit_quota"):
@@ -97,17 +97,17 @@ func yamlFiles(t *testing.T) map[string][]string {
 func TestEveryYAMLFileIsChecked(t *testing.T) {
 	got := yamlFiles(t)
 	want := map[string][]string{
-		kindEnvoy:    {"envoy/envoy-inflight.yaml", "envoy/envoy-tls.yaml", "envoy/envoy-tokens.yaml", "envoy/envoy.yaml"},
-		kindInflight: {"envoy/rules-inflight/llm_inflight.yaml"},
-		kindRLQS:     {"envoy/envoy-rlqs.yaml"},
-		kindRules:    {"envoy/rules/edge.yaml", "envoy/rules/edge_quota.yaml", "envoy/rules/edge_tcp.yaml"},
-		kindTokens:   {"envoy/rules-tokens/ai_tokens.yaml"},
-		kindCompose:  {"compose.yaml"},
-		kindEG:       {"envoy-gateway/envoy-gateway-config.yaml"},
-		kindAlerts:   {"prometheus/rls-alerts.yaml"},
-		kindPromUT:   {"prometheus/rls-alerts.test.yaml"},
-		kindIstio:    {"istio/destinationrule.yaml", "istio/gateway-envoyfilter.yaml", "istio/service.yaml", "istio/sidecar-envoyfilter.yaml"},
-		kindMesh:     {"istio/rules/mesh.yaml"},
+		kindEnvoy:   {"envoy/envoy-inflight.yaml", "envoy/envoy-tls.yaml", "envoy/envoy-tokens.yaml", "envoy/envoy.yaml"},
+		kindSlots:   {"envoy/rules-inflight/llm_inflight.yaml"},
+		kindRLQS:    {"envoy/envoy-rlqs.yaml"},
+		kindRules:   {"envoy/rules/edge.yaml", "envoy/rules/edge_quota.yaml", "envoy/rules/edge_tcp.yaml"},
+		kindTokens:  {"envoy/rules-tokens/ai_tokens.yaml"},
+		kindCompose: {"compose.yaml"},
+		kindEG:      {"envoy-gateway/envoy-gateway-config.yaml"},
+		kindAlerts:  {"prometheus/rls-alerts.yaml"},
+		kindPromUT:  {"prometheus/rls-alerts.test.yaml"},
+		kindIstio:   {"istio/destinationrule.yaml", "istio/gateway-envoyfilter.yaml", "istio/service.yaml", "istio/sidecar-envoyfilter.yaml"},
+		kindMesh:    {"istio/rules/mesh.yaml"},
 	}
 	for kind, files := range want {
 		if !slices.Equal(got[kind], files) {

@@ -37,7 +37,7 @@ type extState struct {
 	slots       []Slot
 }
 
-// extBytes is what an extState costs beyond its entry: the struct and its log.
+// extBytes is what an extState costs beyond its entry: the struct, its log and its slots.
 func extBytes(x *extState) int64 {
 	if x == nil {
 		return 0

@@ -72,9 +72,8 @@ type scratch struct {
 }
 
 var (
-	_ Backend   = (*Memory)(nil)
-	_ Resetter  = (*Memory)(nil)
-	_ SlotStats = (*Memory)(nil)
+	_ Backend  = (*Memory)(nil)
+	_ Resetter = (*Memory)(nil)
 )
 
 // NewMemory returns a Memory backend.
@@ -243,6 +242,8 @@ func (m *Memory) countExpired(reqs []Request, states []State, now int64) {
 		}
 	}
 }
+
+var _ SlotStats = (*Memory)(nil)
 
 // SlotsExpired implements SlotStats.
 func (m *Memory) SlotsExpired() uint64 { return m.expired.Load() }

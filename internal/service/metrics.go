@@ -126,7 +126,7 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 		}),
 		algorithms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rls_rule_algorithm",
-			Help: "The limits in force by domain, rule (as rls_decisions_total names it) and algorithm (gcra, fixed_window, sliding_window, sliding_log): how many. Join on domain and rule to break decisions down by algorithm.",
+			Help: "The limits in force by domain, rule (as rls_decisions_total names it) and algorithm (gcra, fixed_window, sliding_window, sliding_log, concurrency): how many. Join on domain and rule to break decisions down by algorithm.",
 		}, []string{"domain", "rule", "algorithm"}),
 		slotOps:   newSlotOps(),
 		nearRatio: nearLimitRatio,

@@ -96,14 +96,15 @@ type Backend struct {
 	leases *leases                   // the layer over the core that Decide calls when leases are on; nil when off
 	shares atomic.Pointer[ShareFunc] // the region's shares of global limits (SetShares)
 
-	target       Target
-	probeTO      time.Duration
-	log          *slog.Logger
-	warn         *logthrottle.Throttle // warnings that repeat while Redis is down
-	resets       atomic.Uint64         // data losses found
-	slotsExpired atomic.Uint64         // expired slots dropped (slots.go)
-	health       *healthSubs
-	closeOnce    sync.Once
+	target    Target
+	probeTO   time.Duration
+	log       *slog.Logger
+	warn      *logthrottle.Throttle // warnings that repeat while Redis is down
+	resets    atomic.Uint64         // data losses found
+	health    *healthSubs
+	closeOnce sync.Once
+
+	slotsExpired atomic.Uint64 // expired slots dropped (slots.go)
 }
 
 // decider decides a batch: the core, or the leases layer over it.

@@ -1,6 +1,7 @@
 package backendtest
 
 import (
+	"context"
 	"fmt"
 	"testing"
 	"time"
@@ -190,5 +191,11 @@ var slotCases = []struct {
 			t.Fatalf("two acquires, one free: admitted %v, %+v", admitted, out)
 		}
 		free(t, b, key, l, 1)
+		if r, ok := b.(backend.Resetter); ok {
+			if err := r.Reset(context.Background(), []string{key}); err != nil {
+				t.Fatal(err)
+			}
+			free(t, b, key, l, 4) // a reset frees every slot
+		}
 	}},
 }

@@ -177,6 +177,13 @@ func (b *Backend) runSlots(ctx context.Context, reqs []backend.Request, idx []in
 // order (they did not run).
 func (b *Backend) pipeSlots(ctx context.Context, n int, call func(k int) (string, []any)) ([]*goredis.Cmd, error) {
 	cmds := make([]*goredis.Cmd, n)
+	if n == 1 {
+		// One call, as most batches hold one slot: no pipeline; Run sends EVALSHA, and EVAL
+		// when the script is not loaded.
+		key, args := call(0)
+		cmds[0] = slotsScript.Run(ctx, b.rdb, []string{key}, args...)
+		return cmds, cmds[0].Err()
+	}
 	send := func(which []int) error {
 		pipe := b.rdb.Pipeline()
 		for _, k := range which {

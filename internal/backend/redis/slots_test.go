@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	goredis "github.com/redis/go-redis/v9"
+
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/backend/backendtest"
 	"github.com/rls-project/rls/internal/redistest"
@@ -108,4 +110,44 @@ func TestSlotsSentinel(t *testing.T) {
 		b.scriptNow = clock.Micros
 		return b
 	})
+}
+
+// TestSlotsScriptFlushed: after SCRIPT FLUSH (a restarted Redis) slots.lua is loaded again, by
+// a lone call and by a pipeline of several, on a single node and on every master of a Cluster;
+// a call that found the script missing had not run and is sent once more.
+func TestSlotsScriptFlushed(t *testing.T) {
+	t.Parallel()
+	for _, env := range []string{singleEnv, clusterEnv} {
+		t.Run(env, func(t *testing.T) {
+			b := newTestBackend(t, env, Options{})
+			ctx := context.Background()
+			flush := func() {
+				t.Helper()
+				var err error
+				if cc, ok := b.rdb.(*goredis.ClusterClient); ok {
+					err = cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error { return c.ScriptFlush(ctx).Err() })
+				} else {
+					err = b.rdb.ScriptFlush(ctx).Err()
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			l := backendtest.Slots(1, time.Minute)
+			out := make([]backend.Decision, 4)
+			flush()
+			if ok, err := b.Decide(ctx, []backend.Request{{Key: "lone", Limit: l, Cost: 1, Slot: "a"}}, out); err != nil || !ok {
+				t.Fatalf("a lone acquire after SCRIPT FLUSH: %v %v", ok, err)
+			}
+			flush()
+			reqs := []backend.Request{{Key: "k1", Limit: l, Cost: 1, Slot: "a"}, {Key: "k2", Limit: l, Cost: 1, Slot: "a"},
+				{Key: "k3", Limit: l, Cost: 1, Slot: "a"}, {Key: "k1", Limit: l, Cost: 1, Slot: "b"}}
+			if ok, err := b.Decide(ctx, reqs, out); err != nil || ok || !out[0].Allowed || out[3].Allowed {
+				t.Fatalf("four acquires after SCRIPT FLUSH: %v %v %+v, want k1's second refusing the batch", ok, err, out)
+			}
+			if ok, err := b.Decide(ctx, reqs[:3], out); err != nil || !ok {
+				t.Fatalf("the first three again: %v %v %+v, want them undone and admitted", ok, err, out)
+			}
+		})
+	}
 }

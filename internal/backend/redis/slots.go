@@ -3,15 +3,17 @@ package redis
 import (
 	"context"
 	_ "embed"
+	"errors"
 	"fmt"
 	"strconv"
-	"strings"
+	"sync"
 	"time"
 
 	goredis "github.com/redis/go-redis/v9"
 
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/limit"
+	"github.com/rls-project/rls/internal/pipeline"
 )
 
 // Limits on requests in flight (backend.DecideSlot). A Concurrency key is a sorted set of its
@@ -131,21 +133,55 @@ func slotOp(r *backend.Request) string {
 	return "a"
 }
 
-// runSlots runs slots.lua for each request of reqs at idx, in order, in one pipeline. The
-// replies it returns hold those of the calls that ran, even with an error.
+// slotCall is one call of slots.lua: its key and arguments, and once sent its reply.
+type slotCall struct {
+	key  string
+	args []any
+	cmd  *goredis.Cmd
+}
+
+// runSlots runs slots.lua for each request of reqs at idx, in order, in one pipeline, gathered
+// with concurrent decisions' calls (slotPipe). The replies it returns hold those of the calls
+// that ran, even with an error; a decision that ran out of time while its calls were in flight
+// knows none, and the slots they may have taken free themselves at their lifetime's end.
 func (b *Backend) runSlots(ctx context.Context, reqs []backend.Request, idx []int) ([]slotReply, error) {
 	replies := make([]slotReply, len(idx))
-	now := b.nowArg()
-	args := func(r *backend.Request) []any {
-		return []any{slotOp(r), now, r.Limit.Rate, r.Limit.PeriodMicros(), r.Slot}
+	for k := range replies {
+		replies[k].prev = -1
 	}
-	cmds, err := b.pipeSlots(ctx, len(idx), func(k int) (string, []any) {
-		r := &reqs[idx[k]]
-		return storedKey(b.prefix, r.Key), args(r)
-	})
+	now := b.nowArg()
+	calls := make([]slotCall, len(idx))
+	p := slotPendings.Get().(*pipeline.Pending[*slotCall])
+	p.Calls = p.Calls[:0]
+	for k, i := range idx {
+		r := &reqs[i]
+		calls[k] = slotCall{key: storedKey(b.prefix, r.Key), args: []any{slotOp(r), now, r.Limit.Rate, r.Limit.PeriodMicros(), r.Slot}}
+		p.Calls = append(p.Calls, &calls[k])
+	}
+	sp := b.slotsPipe()
+	if sp == nil {
+		return replies, errOpen // closed
+	}
+	deadline, _ := ctx.Deadline()
+	res := sp.Do(p, deadline, ctx.Done())
+	if res == pipeline.Replied || res == pipeline.Unsent {
+		// Any other result may leave p with its sender: never reused then.
+		clear(p.Calls)
+		slotPendings.Put(p)
+	}
+	switch res {
+	case pipeline.Replied:
+	case pipeline.Unsent:
+		return replies, errShed
+	default:
+		if err := ctx.Err(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+			return replies, fmt.Errorf("redis backend: slots: %w", err)
+		}
+		return replies, errShed
+	}
 	var first error
-	for k, c := range cmds {
-		vals, cerr := c.Int64Slice()
+	for k := range calls {
+		vals, cerr := calls[k].cmd.Int64Slice()
 		if cerr != nil || len(vals) != 9 {
 			if first == nil {
 				first = cerr
@@ -153,7 +189,6 @@ func (b *Backend) runSlots(ctx context.Context, reqs []backend.Request, idx []in
 					first = fmt.Errorf("redis: slots script replied %d values", len(vals))
 				}
 			}
-			replies[k].prev = -1
 			continue
 		}
 		replies[k] = slotReply{
@@ -163,88 +198,92 @@ func (b *Backend) runSlots(ctx context.Context, reqs []backend.Request, idx []in
 		}
 		b.slotsExpired.Add(uint64(max(vals[8], 0)))
 	}
-	if err == nil {
-		err = first
-	}
-	if err != nil {
-		return replies, fmt.Errorf("redis backend: slots: %w", classify(err))
+	if first != nil {
+		return replies, fmt.Errorf("redis backend: slots: %w", classify(first))
 	}
 	return replies, nil
 }
 
-// pipeSlots sends n calls of slots.lua, call(k) giving the k-th's key and arguments, in one
-// pipeline by EVALSHA; calls that find the script not loaded are loaded and sent again, in
-// order (they did not run).
-func (b *Backend) pipeSlots(ctx context.Context, n int, call func(k int) (string, []any)) ([]*goredis.Cmd, error) {
-	cmds := make([]*goredis.Cmd, n)
-	if n == 1 {
-		// One call, as most batches hold one slot: no pipeline; Run sends EVALSHA, and EVAL
-		// when the script is not loaded.
-		key, args := call(0)
-		cmds[0] = slotsScript.Run(ctx, b.rdb, []string{key}, args...)
-		return cmds, cmds[0].Err()
+// slotPendings holds the pendings of slot calls that came back whole.
+var slotPendings = sync.Pool{New: func() any { return pipeline.NewPending[*slotCall]() }}
+
+// slotsPipe is the coalescer of slot calls, started on first use; nil once the backend closed.
+func (b *Backend) slotsPipe() *pipeline.Coalescer[*slotCall] {
+	b.slotPipeOnce.Do(func() {
+		b.slotPipe = pipeline.New(b.sendSlots, pipeline.Options{Max: 64, Senders: 1})
+	})
+	return b.slotPipe
+}
+
+// sendSlots is slotPipe's send: calls in one pipeline by EVALSHA, a leader's bounded by its
+// deadline, a sender's by the backend's own timeout; calls that find the script not loaded are
+// loaded and sent again, in order (they did not run).
+func (b *Backend) sendSlots(calls []*slotCall, deadline time.Time, lead bool) (ranOut bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), max(b.timeout, time.Second))
+	if lead {
+		cancel()
+		ctx, cancel = context.WithDeadline(context.Background(), deadline)
 	}
-	send := func(which []int) error {
+	defer cancel()
+	send := func(which []*slotCall) {
 		pipe := b.rdb.Pipeline()
-		for _, k := range which {
-			key, args := call(k)
-			cmds[k] = slotsScript.EvalSha(ctx, pipe, []string{key}, args...)
+		for _, c := range which {
+			c.cmd = slotsScript.EvalSha(ctx, pipe, []string{c.key}, c.args...)
 		}
-		_, err := pipe.Exec(ctx)
-		return err
+		_, _ = pipe.Exec(ctx) // each call's error is its own
 	}
-	all := make([]int, n)
-	for k := range all {
-		all[k] = k
+	send(calls)
+	if lead && ctx.Err() != nil {
+		return true
 	}
-	err := send(all)
-	if err == nil {
-		return cmds, nil
-	}
-	var again []int
-	for k, c := range cmds {
-		if c.Err() != nil && strings.HasPrefix(c.Err().Error(), "NOSCRIPT") {
-			again = append(again, k)
+	var again []*slotCall
+	for _, c := range calls {
+		if goredis.HasErrorPrefix(c.cmd.Err(), "NOSCRIPT") {
+			again = append(again, c)
 		}
 	}
 	if len(again) == 0 {
-		return cmds, err
+		return false
 	}
-	if lerr := slotsScript.Load(ctx, b.rdb).Err(); lerr != nil {
-		return cmds, lerr
+	if err := b.loadSlots(ctx); err != nil {
+		return false // the calls keep their NOSCRIPT error
 	}
-	if cc, ok := b.rdb.(*goredis.ClusterClient); ok {
-		// Load on every master: SCRIPT LOAD through a ClusterClient reaches one node.
-		if lerr := cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
-			return slotsScript.Load(ctx, c).Err()
-		}); lerr != nil {
-			return cmds, lerr
-		}
-	}
-	return cmds, send(again)
+	send(again)
+	return lead && ctx.Err() != nil
 }
 
-// undoSlots undoes, before the decision answers and in reverse order, what the calls of a refused or
-// failed batch wrote: an acquire's slot removed or its former expiry restored, a release's slot
-// given back while there is room.
-func (b *Backend) undoSlots(reqs []backend.Request, idx []int, replies []slotReply) {
-	var todo []int
-	for k := len(idx) - 1; k >= 0; k-- {
-		if replies[k].written {
-			todo = append(todo, k)
-		}
+// loadSlots loads slots.lua on the node, or on every master of a Cluster.
+func (b *Backend) loadSlots(ctx context.Context) error {
+	if cc, ok := b.rdb.(*goredis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *goredis.Client) error {
+			return slotsScript.Load(ctx, c).Err()
+		})
 	}
-	if len(todo) == 0 {
+	return slotsScript.Load(ctx, b.rdb).Err()
+}
+
+// undoSlots undoes, before the decision answers and in reverse order, what the calls of a
+// refused or failed batch wrote: an acquire's slot removed or its former expiry restored, a
+// release's slot given back while there is room.
+func (b *Backend) undoSlots(reqs []backend.Request, idx []int, replies []slotReply) {
+	now := b.nowArg()
+	var calls []*slotCall
+	for k := len(idx) - 1; k >= 0; k-- {
+		if !replies[k].written {
+			continue
+		}
+		r := &reqs[idx[k]]
+		calls = append(calls, &slotCall{key: storedKey(b.prefix, r.Key),
+			args: []any{"u", now, r.Limit.Rate, r.Limit.PeriodMicros(), r.Slot, strconv.FormatInt(replies[k].prev, 10)}})
+	}
+	if len(calls) == 0 {
 		return
 	}
-	now := b.nowArg()
-	ctx, cancel := context.WithTimeout(context.Background(), max(b.timeout, time.Second))
-	defer cancel()
-	_, err := b.pipeSlots(ctx, len(todo), func(k int) (string, []any) {
-		r := &reqs[idx[todo[k]]]
-		return storedKey(b.prefix, r.Key), []any{"u", now, r.Limit.Rate, r.Limit.PeriodMicros(), r.Slot, strconv.FormatInt(replies[todo[k]].prev, 10)}
-	})
-	if err != nil {
-		b.warn.Warn("slots undo", "redis backend: undoing a refused batch's slots failed: they free themselves at their lifetime's end", "err", classify(err))
+	b.sendSlots(calls, time.Time{}, false)
+	for _, c := range calls {
+		if err := c.cmd.Err(); err != nil {
+			b.warn.Warn("slots undo", "redis backend: undoing a refused batch's slots failed: they free themselves at their lifetime's end", "err", classify(err))
+			return
+		}
 	}
 }

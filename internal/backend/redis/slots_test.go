@@ -115,8 +115,8 @@ func TestSlotsSentinel(t *testing.T) {
 // TestSlotsScriptFlushed: after SCRIPT FLUSH (a restarted Redis) slots.lua is loaded again, by
 // a lone call and by a pipeline of several, on a single node and on every master of a Cluster;
 // a call that found the script missing had not run and is sent once more.
+// Not parallel, as TestNoScript: the flush reaches every test's calls on the shared Redis.
 func TestSlotsScriptFlushed(t *testing.T) {
-	t.Parallel()
 	for _, env := range []string{singleEnv, clusterEnv} {
 		t.Run(env, func(t *testing.T) {
 			b := newTestBackend(t, env, Options{})

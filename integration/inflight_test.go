@@ -77,11 +77,25 @@ func TestInFlight(t *testing.T) {
 				return resp.GetOverallCode() == rlsv3.RateLimitResponse_OK
 			}
 
-			// The load: 200 callers for 2 s.
-			var held, most, admitted, refused, dropped atomic.Int64
-			note := func(n int64) {
-				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			// The load: 200 callers for 2 s. The recorder counts, at each admission, the slots
+			// its callers hold: those acquired and not released yet, and those whose release
+			// they dropped until their lifetime could have ended, counted from the acquire's
+			// sending (rls dates the slot later), without a timer that could fire late.
+			var mu sync.Mutex
+			var explicit, most int
+			var dropped []time.Time
+			var admitted, refused atomic.Int64
+			acquired := func() {
+				mu.Lock()
+				defer mu.Unlock()
+				explicit++
+				n, now := explicit, time.Now()
+				for _, d := range dropped {
+					if d.After(now) {
+						n++
+					}
 				}
+				most = max(most, n)
 			}
 			stop := time.Now().Add(2 * time.Second)
 			var wg sync.WaitGroup
@@ -97,15 +111,16 @@ func TestInFlight(t *testing.T) {
 							continue
 						}
 						admitted.Add(1)
-						note(held.Add(1))
+						acquired()
 						time.Sleep(time.Duration(10+rng.IntN(40)) * time.Millisecond)
+						mu.Lock()
+						explicit--
 						if rng.IntN(5) == 0 {
-							// Dropped: held until its lifetime ends, counted no later than it can.
-							dropped.Add(1)
-							time.AfterFunc(time.Until(sent.Add(inflightLifetime)), func() { held.Add(-1) })
+							dropped = append(dropped, sent.Add(inflightLifetime))
+							mu.Unlock()
 							continue
 						}
-						held.Add(-1)
+						mu.Unlock()
 						ask(c+1, "load", id, true)
 					}
 				})
@@ -114,10 +129,10 @@ func TestInFlight(t *testing.T) {
 			if t.Failed() {
 				return
 			}
-			if m := most.Load(); m > inflightN || m < 1 || refused.Load() == 0 {
-				t.Fatalf("callers held at most %d slots at once and were refused %d times, want 1 to %d, and refusals", m, refused.Load(), inflightN)
+			if most > inflightN || most < 1 || refused.Load() == 0 {
+				t.Fatalf("callers held at most %d slots at once and were refused %d times, want 1 to %d, and refusals", most, refused.Load(), inflightN)
 			}
-			t.Logf("%d admitted, %d refused, %d releases dropped, at most %d held", admitted.Load(), refused.Load(), dropped.Load(), most.Load())
+			t.Logf("%d admitted, %d refused, %d releases dropped, at most %d held", admitted.Load(), refused.Load(), len(dropped), most)
 
 			// The dropped releases' slots free themselves within the lifetime.
 			time.Sleep(inflightLifetime + 100*time.Millisecond)

@@ -50,6 +50,12 @@ type Descriptor struct {
 	// list; two that would share state (one name, or unnamed with one period and algorithm)
 	// are an error.
 	RateLimits []RateLimit `yaml:"rate_limits"`
+	// Concurrency is an rls extension: at most MaxInFlight requests in flight at once for what
+	// this node matches, across every replica, beside or instead of its rate limits. A request
+	// holds a slot named by its descriptor's rls_slot entry (for Envoy, x-request-id) until a
+	// descriptor with the same entries and an rls_release entry releases it, or until the slot's
+	// lifetime ends. See docs/concurrency.md.
+	Concurrency *Concurrency `yaml:"concurrency"`
 	// Descriptors are the children, matched against the next entry.
 	Descriptors []Descriptor `yaml:"descriptors"`
 	// ShadowMode evaluates and reports the limit but never denies because of it: the descriptor's
@@ -120,6 +126,15 @@ type RateLimit struct {
 	// Timezone is an rls extension for fixed_window with unit day, week, month or year: the IANA
 	// name ("Europe/Paris") of the zone whose midnights start the windows. Defaults to UTC.
 	Timezone string `yaml:"timezone"`
+}
+
+// Concurrency is a limit on requests in flight.
+type Concurrency struct {
+	// MaxInFlight is how many slots may be held at once, 1 to 10,000. Required.
+	MaxInFlight uint32 `yaml:"max_in_flight"`
+	// SlotLifetime is how long a slot not released stays held ("10m", "90s"): the most a lost
+	// release costs. Whole milliseconds, at most 24h. Required.
+	SlotLifetime string `yaml:"slot_lifetime"`
 }
 
 // Replace names a limit that a RateLimit replaces.

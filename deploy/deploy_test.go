@@ -26,6 +26,7 @@ const (
 	kindRLQS    = "envoy bootstrap with the rate_limit_quota filter"
 	kindRules   = "rls rules"
 	kindTokens  = "rls rules of the token-limit example"
+	kindSlots   = "rls rules of the in-flight example"
 	kindK8s     = "kubernetes manifests"
 	kindCompose = "compose file"
 	kindEG      = "envoy gateway config"
@@ -64,6 +65,8 @@ func yamlFiles(t *testing.T) map[string][]string {
 			byKind[kindHelm] = append(byKind[kindHelm], p)
 		case strings.HasPrefix(p, filepath.Join("envoy", "rules-tokens")+string(filepath.Separator)):
 			byKind[kindTokens] = append(byKind[kindTokens], p)
+		case strings.HasPrefix(p, filepath.Join("envoy", "rules-inflight")+string(filepath.Separator)):
+			byKind[kindSlots] = append(byKind[kindSlots], p)
 		case strings.HasPrefix(p, filepath.Join("envoy", "rules")+string(filepath.Separator)):
 			byKind[kindRules] = append(byKind[kindRules], p)
 		case top["static_resources"] != nil && strings.Contains(string(data), "rate_limit_quota"):
@@ -94,7 +97,8 @@ func yamlFiles(t *testing.T) map[string][]string {
 func TestEveryYAMLFileIsChecked(t *testing.T) {
 	got := yamlFiles(t)
 	want := map[string][]string{
-		kindEnvoy:   {"envoy/envoy-tls.yaml", "envoy/envoy-tokens.yaml", "envoy/envoy.yaml"},
+		kindEnvoy:   {"envoy/envoy-inflight.yaml", "envoy/envoy-tls.yaml", "envoy/envoy-tokens.yaml", "envoy/envoy.yaml"},
+		kindSlots:   {"envoy/rules-inflight/llm_inflight.yaml"},
 		kindRLQS:    {"envoy/envoy-rlqs.yaml"},
 		kindRules:   {"envoy/rules/edge.yaml", "envoy/rules/edge_quota.yaml", "envoy/rules/edge_tcp.yaml"},
 		kindTokens:  {"envoy/rules-tokens/ai_tokens.yaml"},

@@ -59,6 +59,8 @@ descriptors:
     rate_limit: {unit: hour, requests_per_unit: 1}
   - key: window
     rate_limit: {unit: minute, requests_per_unit: 3, algorithm: fixed_window}
+  - key: model
+    concurrency: {max_in_flight: 1, slot_lifetime: 1m}
 `
 
 // TestDashboardAndAlertsOnPrometheus runs a real Prometheus scraping three real rls processes
@@ -111,6 +113,8 @@ func TestDashboardAndAlertsOnPrometheus(t *testing.T) {
 			call(p, d("api_key", "k1"), d("path", "/a"), d("window", "w"))
 		}
 		call(p, d("api_key", "shared"))
+		call(p, d("model", "m", "rls_slot", "s1")) // a slot acquired, then one refused
+		call(p, d("model", "m", "rls_slot", "s2"))
 	}
 	for i := range 40 { // twice --memory-max-keys: the memory backend evicts
 		call(mem, d("api_key", fmt.Sprintf("many-%d", i)))

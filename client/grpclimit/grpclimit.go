@@ -134,6 +134,12 @@ type Options struct {
 	// descriptors, rls unavailable under client.FailError, or the call's own context ended
 	// (default Failed). A nil error admits the call.
 	Error func(ctx context.Context, fullMethod string, err error) error
+	// InFlight makes each call hold a slot of the concurrency limits its descriptors match
+	// (rls's docs/concurrency.md) while its handler runs: the Limiter asks with
+	// client.Acquirer's Acquire and releases when the handler returns, panics, or the call is
+	// cancelled (a stream's, when its handler returns). New panics when InFlight is set and its
+	// Checker is no Acquirer.
+	InFlight bool
 }
 
 // Limiter makes interceptors that ask one client. It is safe for concurrent use.
@@ -153,6 +159,9 @@ func New(c client.Checker, opts Options, descs ...Descriptor) *Limiter {
 	if opts.Error == nil {
 		opts.Error = func(ctx context.Context, _ string, err error) error { return Failed(ctx, err) }
 	}
+	if _, ok := c.(client.Acquirer); opts.InFlight && !ok {
+		panic("grpclimit: Options.InFlight needs a client.Acquirer")
+	}
 	return &Limiter{c: c, opts: opts, descs: descs}
 }
 
@@ -169,8 +178,10 @@ func (l *Limiter) descriptors(method string) []Descriptor {
 	return l.descs
 }
 
-// check decides one call; a nil error admits it. It sends the headers with set.
-func (l *Limiter) check(ctx context.Context, method string, set func(metadata.MD) error) error {
+// check decides one call; a nil error admits it. It sends the headers with set. release frees
+// the call's slots (Options.InFlight); it is never nil.
+func (l *Limiter) check(ctx context.Context, method string, set func(metadata.MD) error) (release func(), err error) {
+	release = func() {}
 	var buf [4]client.Descriptor
 	descs := buf[:0]
 	for _, d := range l.descriptors(method) {
@@ -179,11 +190,16 @@ func (l *Limiter) check(ctx context.Context, method string, set func(metadata.MD
 		}
 	}
 	if len(descs) == 0 {
-		return nil
+		return release, nil
 	}
-	d, err := l.c.Check(ctx, descs...)
+	var d client.Decision
+	if l.opts.InFlight {
+		d, release, err = l.c.(client.Acquirer).Acquire(ctx, descs...)
+	} else {
+		d, err = l.c.Check(ctx, descs...)
+	}
 	if err != nil {
-		return l.opts.Error(ctx, method, err)
+		return release, l.opts.Error(ctx, method, err)
 	}
 	if h := d.Header(l.opts.Headers); len(h) > 0 {
 		md := make(metadata.MD, len(h))
@@ -193,9 +209,9 @@ func (l *Limiter) check(ctx context.Context, method string, set func(metadata.MD
 		_ = set(md) // fails only once headers are sent, which an interceptor runs before
 	}
 	if d.Allowed {
-		return nil
+		return release, nil
 	}
-	return l.opts.Deny(ctx, method, d)
+	return release, l.opts.Deny(ctx, method, d)
 }
 
 // Failed returns the status of a call whose check returned err: UNAVAILABLE when rls was
@@ -250,7 +266,9 @@ func violation(d client.Descriptor, l client.Limit) *errdetails.QuotaFailure_Vio
 func (l *Limiter) Unary() grpc.UnaryServerInterceptor {
 	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
 		set := func(md metadata.MD) error { return grpc.SetHeader(ctx, md) }
-		if err := l.check(ctx, info.FullMethod, set); err != nil {
+		release, err := l.check(ctx, info.FullMethod, set)
+		defer release() // runs on a panic of the handler too
+		if err != nil {
 			return nil, err
 		}
 		return handler(ctx, req)
@@ -260,7 +278,9 @@ func (l *Limiter) Unary() grpc.UnaryServerInterceptor {
 // Stream returns the stream server interceptor: one decision when the stream opens.
 func (l *Limiter) Stream() grpc.StreamServerInterceptor {
 	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, handler grpc.StreamHandler) error {
-		if err := l.check(ss.Context(), info.FullMethod, ss.SetHeader); err != nil {
+		release, err := l.check(ss.Context(), info.FullMethod, ss.SetHeader)
+		defer release()
+		if err != nil {
 			return err
 		}
 		return handler(srv, ss)

@@ -20,6 +20,11 @@ type Options struct {
 	// Error writes the response when no decision could be had: invalid descriptors, or rls
 	// unavailable under client.FailError (default WriteError).
 	Error func(w http.ResponseWriter, r *http.Request, err error)
+	// InFlight makes each request hold a slot of the concurrency limits its descriptors match
+	// (rls's docs/concurrency.md) while its handler runs: the Limiter asks with
+	// client.Acquirer's Acquire and releases when the handler returns, panics, or its request's
+	// context is cancelled. New panics when InFlight is set and its Checker is no Acquirer.
+	InFlight bool
 }
 
 // Limiter makes middleware that asks one client. It is safe for concurrent use.
@@ -36,6 +41,9 @@ func New(c client.Checker, opts Options) *Limiter {
 	}
 	if opts.Error == nil {
 		opts.Error = WriteError
+	}
+	if _, ok := c.(client.Acquirer); opts.InFlight && !ok {
+		panic("httplimit: Options.InFlight needs a client.Acquirer")
 	}
 	return &Limiter{c: c, opts: opts}
 }
@@ -71,7 +79,15 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	d, err := h.l.c.Check(r.Context(), descs...)
+	var d client.Decision
+	var err error
+	if h.l.opts.InFlight {
+		var release func()
+		d, release, err = h.l.c.(client.Acquirer).Acquire(r.Context(), descs...)
+		defer release() // runs on a panic of the handler too
+	} else {
+		d, err = h.l.c.Check(r.Context(), descs...)
+	}
 	if err != nil {
 		h.l.opts.Error(w, r, err)
 		return

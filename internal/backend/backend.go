@@ -27,6 +27,9 @@ type Request struct {
 	Cost   int64 // hits; 0 only checks
 	Refund bool  // give Cost back instead of charging it (is_negative_hits)
 	Mode   Mode
+	// Slot names the slot a request under a limit.Concurrency limit acquires (Cost > 0) or
+	// releases (Refund); see DecideSlot. Unused under the rate algorithms.
+	Slot string
 }
 
 // OverdraftCharge reports whether r is charged even when denied: a cost above 0, not a refund,
@@ -98,6 +101,14 @@ type CacheStats interface {
 	CacheHits() uint64
 }
 
+// SlotStats is implemented by a Backend that holds slots of Concurrency limits (DecideSlot):
+// how many slots it found expired and dropped, each a release lost (or a request that ran past
+// its slot's lifetime). A lower bound: a key whose slots all expire with no request after them
+// leaves uncounted.
+type SlotStats interface {
+	SlotsExpired() uint64
+}
+
 // MemoryStats is implemented by a Backend that keeps its keys in this process within a bound:
 // how many keys and bytes it holds, and how many keys it has forgotten while they still held
 // usage to stay within the bound (each may over-admit up to its burst).
@@ -109,17 +120,31 @@ type MemoryStats interface {
 
 // Admitted reports whether a batch with these decisions is admitted: no Enforce request denied,
 // and not every Quota request denied. Refunds are always allowed.
-func Admitted(reqs []Request, out []Decision) bool { return verdict(reqs, out, false) }
+func Admitted(reqs []Request, out []Decision) bool { return verdict(reqs, out, false, allParts) }
 
 // Charged reports whether the charges of a batch with these decisions apply: as Admitted, but
 // the denial of an overdraft charge counts as allowed. So a batch whose only denials are
 // overdraft charges is charged (into debt) and answered not admitted; one that an ordinary
 // limit refuses charges nothing, overdraft charges included.
-func Charged(reqs []Request, out []Decision) bool { return verdict(reqs, out, true) }
+func Charged(reqs []Request, out []Decision) bool { return verdict(reqs, out, true, allParts) }
 
-func verdict(reqs []Request, out []Decision, overdraft bool) bool {
+// The parts of a batch a verdict is over: all its requests, or only those under a rate
+// algorithm, or only those under a Concurrency limit (whose Quota mode counts as Enforce).
+const (
+	allParts = iota
+	rateParts
+	slotParts
+)
+
+func verdict(reqs []Request, out []Decision, overdraft bool, part int) bool {
 	quota, quotaDenied := 0, 0
 	for i := range reqs {
+		if part != allParts && (part == slotParts) != (reqs[i].Limit.Algorithm == limit.Concurrency) {
+			continue
+		}
+		if part == slotParts && !out[i].Allowed && reqs[i].Mode != Shadow {
+			return false
+		}
 		if out[i].Allowed || (overdraft && reqs[i].OverdraftCharge()) {
 			if reqs[i].Mode == Quota {
 				quota++

@@ -41,6 +41,9 @@ type State struct {
 	// Log is SlidingLog's record: (instant µs, hits) pairs, oldest first, one pair per instant
 	// that admitted hits. Never modified once stored: a decision that changes it makes a copy.
 	Log []int64
+	// Slots are a Concurrency key's slots held (see DecideSlot); TAT is then the latest expiry.
+	// Never modified once stored, as Log.
+	Slots []Slot
 }
 
 // Fresh reports whether s holds no usage at time now: the key may be forgotten.
@@ -196,6 +199,9 @@ func Decide(s State, l limit.Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{RetryAfter: l.Period}
 	}
+	if l.Algorithm == limit.Concurrency {
+		return DecideSlot(s, &Request{Limit: l, Cost: cost}, now) // names no slot: only checks
+	}
 	if w := windowAlg(l.Algorithm); w != nil {
 		return w.decide(s, l, now, cost)
 	}
@@ -292,6 +298,9 @@ func overdrawn(tat tick, l limit.Limit, now int64, cost int64) State {
 func Refund(s State, l limit.Limit, now int64, cost int64) (State, Decision) {
 	if l.Rate == 0 {
 		return s, Decision{Allowed: true}
+	}
+	if l.Algorithm == limit.Concurrency {
+		return DecideSlot(s, &Request{Limit: l, Refund: true}, now) // names no slot: releases none
 	}
 	if w := windowAlg(l.Algorithm); w != nil {
 		return w.refund(s, l, now, cost)

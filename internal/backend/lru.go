@@ -34,19 +34,24 @@ type extState struct {
 	alg         limit.Algorithm
 	count, prev int64
 	log         []int64
+	slots       []Slot
 }
 
-// extBytes is what an extState costs beyond its entry: the struct and its log.
+// extBytes is what an extState costs beyond its entry: the struct, its log and its slots.
 func extBytes(x *extState) int64 {
 	if x == nil {
 		return 0
 	}
-	return 48 + 8*int64(cap(x.log))
+	n := 72 + 8*int64(cap(x.log)) + slotBytes*int64(cap(x.slots))
+	for _, sl := range x.slots {
+		n += int64(len(sl.ID))
+	}
+	return n
 }
 
 func (e *lruEntry) state() State {
 	if x := e.ext; x != nil {
-		return State{TAT: e.tat, Frac: x.count, Prev: x.prev, Rate: int64(e.rate1) + 1, Period: e.period, Alg: x.alg, Log: x.log}
+		return State{TAT: e.tat, Frac: x.count, Prev: x.prev, Rate: int64(e.rate1) + 1, Period: e.period, Alg: x.alg, Log: x.log, Slots: x.slots}
 	}
 	return State{TAT: e.tat, Frac: int64(e.frac), Rate: int64(e.rate1) + 1, Period: e.period}
 }
@@ -62,7 +67,7 @@ func (e *lruEntry) set(s State) int64 {
 	if e.ext == nil {
 		e.ext = new(extState)
 	}
-	*e.ext = extState{alg: s.Alg, count: s.Frac, prev: s.Prev, log: s.Log}
+	*e.ext = extState{alg: s.Alg, count: s.Frac, prev: s.Prev, log: s.Log, slots: s.Slots}
 	return extBytes(e.ext) - before
 }
 

@@ -53,6 +53,7 @@ type Memory struct {
 	now       func() time.Time
 	pool      sync.Pool // *scratch
 	evictions atomic.Uint64
+	expired   atomic.Uint64 // slots found expired (SlotStats)
 }
 
 type memShard struct {
@@ -195,7 +196,11 @@ func (m *Memory) Decide(_ context.Context, reqs []Request, out []Decision) (bool
 			sc.states[i] = t.entries[sc.entry[i]].state()
 		}
 	}
-	if DecideBatch(sc.states, reqs, now, out, sc.next) {
+	charged := DecideBatch(sc.states, reqs, now, out, sc.next)
+	if charged && HoldsSlots(reqs) && Admitted(reqs, out) {
+		m.countExpired(reqs, sc.states, now)
+	}
+	if charged {
 		// Keys held already first: their entries stay where lookup found them until the keys
 		// not held yet are added, which may evict.
 		for i := range reqs {
@@ -224,6 +229,24 @@ func (m *Memory) Decide(_ context.Context, reqs []Request, out []Decision) (bool
 	}
 	return Admitted(reqs, out), nil
 }
+
+// countExpired counts the slots of reqs' keys, as stored before a charged batch, that expired
+// by now (and so the batch's state no longer holds), each key once.
+func (m *Memory) countExpired(reqs []Request, states []State, now int64) {
+	for i := range reqs {
+		if reqs[i].Limit.Algorithm != limit.Concurrency || slices.ContainsFunc(reqs[:i], func(r Request) bool { return r.Key == reqs[i].Key }) {
+			continue
+		}
+		if n := len(states[i].Slots) - len(liveSlots(states[i], now)); n > 0 {
+			m.expired.Add(uint64(n))
+		}
+	}
+}
+
+var _ SlotStats = (*Memory)(nil)
+
+// SlotsExpired implements SlotStats.
+func (m *Memory) SlotsExpired() uint64 { return m.expired.Load() }
 
 // Reset implements Resetter: it forgets keys.
 func (m *Memory) Reset(_ context.Context, keys []string) error {

@@ -276,14 +276,26 @@ func TestMemoryCountsWindowState(t *testing.T) {
 	decideOne(t, m, backend.Request{Key: "gcra", Limit: backendtest.PerMinute(limit.GCRA, 3), Cost: 1})
 	decideOne(t, m, backend.Request{Key: "fixd", Limit: backendtest.PerMinute(limit.FixedWindow, 3), Cost: 1})
 	decideOne(t, m, backend.Request{Key: "slog", Limit: backendtest.PerMinute(limit.SlidingLog, 3), Cost: 1})
-	// 4-byte keys at 112 bytes each; an extState of 48 bytes; a log of cap 2 (one entry).
-	if got, want := m.Bytes(), int64(3*(4+112)+48+48+16); got != want {
+	decideOne(t, m, backend.Request{Key: "conc", Limit: limit.Limit{Rate: 3, Burst: 3, Period: time.Minute, Algorithm: limit.Concurrency}, Cost: 1, Slot: "id-1"})
+	// 4-byte keys at 112 bytes each; an extState of 72 bytes; a log of cap 2 (one entry); a
+	// slot of 24 bytes and its 4-byte id.
+	if got, want := m.Bytes(), int64(4*(4+112)+72+72+16+72+24+4); got != want {
 		t.Fatalf("bytes %d, want %d", got, want)
 	}
-	if err := m.Reset(context.Background(), []string{"gcra", "fixd", "slog"}); err != nil {
+	if err := m.Reset(context.Background(), []string{"gcra", "fixd", "slog", "conc"}); err != nil {
 		t.Fatal(err)
 	}
 	if m.Bytes() != 0 || m.Len() != 0 {
 		t.Fatalf("after reset: %d keys, %d bytes", m.Len(), m.Bytes())
 	}
+}
+
+func TestMemorySlots(t *testing.T) {
+	backendtest.RunSlots(t, func(t *testing.T, clock *backendtest.Clock) backend.Backend {
+		m, err := backend.NewMemory(backend.MemoryOptions{Now: clock.Now})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m
+	})
 }

@@ -23,6 +23,8 @@ func (s State) Expiry() int64 {
 			return s.TAT
 		}
 		return 0
+	case limit.Concurrency:
+		return s.TAT
 	case limit.SlidingLog:
 		if n := len(s.Log); n >= 2 {
 			return s.Log[n-2] + s.Period
@@ -224,5 +226,5 @@ func refundLog(s State, l limit.Limit, now, cost int64) (State, Decision) {
 // Equal reports whether s and o are the same state.
 func (s State) Equal(o State) bool {
 	return s.TAT == o.TAT && s.Frac == o.Frac && s.Rate == o.Rate && s.Period == o.Period &&
-		s.Alg == o.Alg && s.Prev == o.Prev && slices.Equal(s.Log, o.Log)
+		s.Alg == o.Alg && s.Prev == o.Prev && slices.Equal(s.Log, o.Log) && slices.Equal(s.Slots, o.Slots)
 }

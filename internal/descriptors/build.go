@@ -295,7 +295,9 @@ func (b *builder) rule(d *rawDescriptor, path string, share []string, info *Doma
 		}
 		limitNodes = seq.Content
 	default:
-		return nil
+		if d.conc == nil {
+			return nil
+		}
 	}
 	r := &Rule{
 		Domain: b.domain, Path: path,
@@ -365,6 +367,18 @@ func (b *builder) rule(d *rawDescriptor, path string, share []string, info *Doma
 			tags[lim.KeyTag] = i
 		}
 		r.Limits = append(r.Limits, lim)
+	}
+	if d.conc != nil {
+		switch {
+		case d.QuotaMode:
+			b.errorf(lineOf(n, "quota_mode"), "descriptor %s: quota_mode does not apply with concurrency: a slot is held or not", path)
+		case r.Unlimited:
+			b.errorf(lineOf(n, "concurrency"), "descriptor %s: concurrency does not apply with an unlimited rate_limit", path)
+		default:
+			if lim, ok := b.concurrency(d.conc, path); ok {
+				r.Limits = append(r.Limits, lim)
+			}
+		}
 	}
 	info.Rules = append(info.Rules, r)
 	return r

@@ -7,10 +7,12 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 
 	"github.com/rls-project/rls/api"
+	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/yamlnode"
 )
 
@@ -23,10 +25,11 @@ import (
 // is a key here. Each decoder below has a case for every key, and its default reports a key it
 // does not decode (TestEveryAPIFieldDecoded holds them to api).
 var (
-	ruleFileFields   = yamlKeys(reflect.TypeFor[api.RuleFile]())
-	descriptorFields = yamlKeys(reflect.TypeFor[api.Descriptor]())
-	rateLimitFields  = yamlKeys(reflect.TypeFor[api.RateLimit]())
-	replaceFields    = yamlKeys(reflect.TypeFor[api.Replace]())
+	ruleFileFields    = yamlKeys(reflect.TypeFor[api.RuleFile]())
+	descriptorFields  = yamlKeys(reflect.TypeFor[api.Descriptor]())
+	rateLimitFields   = yamlKeys(reflect.TypeFor[api.RateLimit]())
+	replaceFields     = yamlKeys(reflect.TypeFor[api.Replace]())
+	concurrencyFields = yamlKeys(reflect.TypeFor[api.Concurrency]())
 )
 
 // yamlKeys lists the yaml keys of struct type t's fields, in order. A mapping marks the keys it
@@ -74,6 +77,7 @@ type rawDescriptor struct {
 	children *yaml.Node // the descriptors list; nil when absent or null
 	limit    *yaml.Node // rate_limit; nil when absent or null
 	limits   *yaml.Node // rate_limits; nil when absent or null
+	conc     *yaml.Node // concurrency; nil when absent or null
 }
 
 // rawLimit is a rate_limit mapping decoded but for its counts, which are parsed from their
@@ -193,6 +197,10 @@ func (b *builder) descriptor(n *yaml.Node) rawDescriptor {
 			if !yamlnode.IsNull(v) {
 				d.limits = v
 			}
+		case "concurrency":
+			if !yamlnode.IsNull(v) {
+				d.conc = v
+			}
 		case "descriptors":
 			if !yamlnode.IsNull(v) {
 				d.children = v
@@ -300,4 +308,70 @@ func (b *builder) limit(n *yaml.Node) rawLimit {
 		}
 	})
 	return l
+}
+
+// concurrency decodes and validates a concurrency mapping into its limit (KeyTag
+// concurrencyTag). It returns ok false for an error, already recorded.
+func (b *builder) concurrency(v *yaml.Node, path string) (Limit, bool) {
+	n := yamlnode.Deref(v)
+	where := "descriptor " + path + ": concurrency"
+	if n.Kind != yaml.MappingNode {
+		b.errorf(v.Line, "%s must be a mapping, not %s", where, b.dec.KindOf(n))
+		return Limit{}, false
+	}
+	var maxNode *yaml.Node
+	var lifetime string
+	b.dec.Mapping(n, "Concurrency", concurrencyFields, func(field int, k, v *yaml.Node) {
+		switch concurrencyFields[field] {
+		case "max_in_flight":
+			maxNode = v
+		case "slot_lifetime":
+			lifetime = b.str(v, "slot_lifetime")
+		default:
+			b.undecoded(k, "Concurrency")
+		}
+	})
+	most, set, err := count(maxNode)
+	switch {
+	case err != nil:
+		b.errorf(lineOf(n, "max_in_flight"), "%s: max_in_flight %v", where, err)
+		return Limit{}, false
+	case !set:
+		b.errorf(n.Line, "%s: max_in_flight is required", where)
+		return Limit{}, false
+	case lifetime == "":
+		b.errorf(n.Line, "%s: slot_lifetime is required (how long a slot never released stays held, e.g. 10m)", where)
+		return Limit{}, false
+	}
+	d, perr := time.ParseDuration(lifetime)
+	if perr != nil {
+		b.errorf(lineOf(n, "slot_lifetime"), "%s: slot_lifetime %q: want a duration such as 90s or 10m", where, lifetime)
+		return Limit{}, false
+	}
+	lim := Limit{
+		RequestsPerUnit: most, Unit: limit.Second, UnitMultiplier: 1, Burst: most, KeyTag: concurrencyTag,
+		Spec: limit.Limit{Rate: int64(most), Burst: int64(most), Period: d, Algorithm: limit.Concurrency},
+	}
+	if s := int64(d / time.Second); d%time.Second == 0 && s > 0 && s <= math.MaxUint32 {
+		lim.UnitMultiplier = uint32(s)
+	}
+	if err := lim.Spec.Validate(); err != nil {
+		var e *limit.Error
+		key := "max_in_flight"
+		if errors.As(err, &e) && e.Field == limit.PeriodField {
+			key = "slot_lifetime"
+		}
+		msg := err.Error()
+		if e != nil {
+			msg = e.Reason
+			if e.Value != "" && key == "max_in_flight" {
+				msg = fmt.Sprint(most) + " " + msg
+			} else if key == "slot_lifetime" {
+				msg = lifetime + " " + msg
+			}
+		}
+		b.errorf(lineOf(n, key), "%s: %s %s", where, key, msg)
+		return Limit{}, false
+	}
+	return lim, true
 }

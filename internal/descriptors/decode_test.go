@@ -26,6 +26,9 @@ func TestEveryAPIFieldDecoded(t *testing.T) {
 		{reflect.TypeFor[api.RateLimit](), func(k string) string {
 			return "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      " + k + ": null\n"
 		}},
+		{reflect.TypeFor[api.Concurrency](), func(k string) string {
+			return "domain: d\ndescriptors:\n  - key: k\n    concurrency:\n      " + k + ": null\n"
+		}},
 		{reflect.TypeFor[api.Replace](), func(k string) string {
 			return "domain: d\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: second\n      requests_per_unit: 1\n      replaces:\n        - " + k + ": null\n"
 		}},

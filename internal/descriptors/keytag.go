@@ -13,6 +13,10 @@ import (
 // ended with, so that no key of such a rule changes whatever its name, period or rate.
 const singularTag = "0"
 
+// concurrencyTag is the KeyTag of a rule's concurrency limit: no rate limit's tag ("0", "n…",
+// "p…") nor an override's ("o…") is it, so its slots never share a key with a rate's state.
+const concurrencyTag = "c"
+
 // listTag is the KeyTag of a limit of a rate_limits list: what the limit is, never where it
 // stands in the list nor its rate. A named limit is its name, length-prefixed ("n5:daily"); an
 // unnamed one its period and algorithm ("p86400s/gcra"), and, for a fixed_window whose windows

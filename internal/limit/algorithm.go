@@ -1,6 +1,9 @@
 package limit
 
-import "fmt"
+import (
+	"fmt"
+	"time"
+)
 
 // Algorithm is how a limit counts requests.
 type Algorithm uint8
@@ -19,12 +22,18 @@ const (
 	// SlidingLog keeps the instant of every admitted hit and admits while the hits of the last
 	// Period stay within Rate: exact, at a cost in memory of 16 bytes per admitted request.
 	SlidingLog
+	// Concurrency is not a rate: at most Rate slots held at once, each named by its holder
+	// (backend.Request.Slot) and freed by a release or, at the latest, Period after it was last
+	// acquired (its lifetime). Burst equals Rate. A rule's concurrency field makes it, never
+	// its algorithm field.
+	Concurrency
 )
 
-var algorithmNames = [...]string{"gcra", "fixed_window", "sliding_window", "sliding_log"}
+var algorithmNames = [...]string{"gcra", "fixed_window", "sliding_window", "sliding_log", "concurrency"}
 
-// Algorithms lists the algorithms' names, as the rule files spell them.
-var Algorithms = algorithmNames[:]
+// Algorithms lists the rate algorithms' names, as the rule files spell them (Concurrency is
+// not one: a rule asks for it with its concurrency field).
+var Algorithms = algorithmNames[:Concurrency]
 
 func (a Algorithm) String() string {
 	if int(a) < len(algorithmNames) {
@@ -38,7 +47,7 @@ func ParseAlgorithm(s string) (Algorithm, bool) {
 	if s == "" {
 		return GCRA, true
 	}
-	for i, n := range algorithmNames {
+	for i, n := range Algorithms {
 		if s == n {
 			return Algorithm(i), true
 		}
@@ -56,3 +65,10 @@ const MaxLogRate = 1_000
 // Overdraws reports whether a limit of algorithm a can hold an overdraft: GCRA and FixedWindow
 // can, the sliding algorithms cannot repay a charge that went over.
 func (a Algorithm) Overdraws() bool { return a == GCRA || a == FixedWindow }
+
+// MaxInFlight bounds a Concurrency limit's Rate: a key holds at most that many slots, each its
+// id (at most MaxValueBytes) and an expiry, in memory or in one Redis sorted set.
+const MaxInFlight = 10_000
+
+// MaxSlotLifetime bounds a Concurrency limit's Period, the lifetime of a slot never released.
+const MaxSlotLifetime = 24 * time.Hour

@@ -44,6 +44,9 @@ func (l Limit) Validate() error {
 	if l.Shared && l.Algorithm != GCRA {
 		return &Error{Field: SharedField, Reason: fmt.Sprintf("applies to algorithm gcra only, not %v: only GCRA's state can move between regions' shares exactly", l.Algorithm)}
 	}
+	if l.Algorithm == Concurrency {
+		return l.validateConcurrency()
+	}
 	if l.Algorithm != GCRA {
 		return l.validateWindow()
 	}
@@ -158,6 +161,27 @@ func (l Limit) validateWindow() error {
 			return &Error{Field: RateField, Value: fmt.Sprint(l.Rate), Reason: fmt.Sprintf("is above %d: sliding_log keeps one entry per admitted request (16 bytes each, %d KB a key at most): use sliding_window or gcra",
 				MaxLogRate, 16*MaxLogRate/1000)}
 		}
+	}
+	return nil
+}
+
+// validateConcurrency is Validate for a Concurrency limit: Rate slots of Period's lifetime.
+func (l Limit) validateConcurrency() error {
+	switch {
+	case l.Rate < 1 || l.Rate > MaxInFlight:
+		return &Error{Field: RateField, Value: fmt.Sprint(l.Rate), Reason: fmt.Sprintf("must be from 1 to %d", MaxInFlight)}
+	case l.Burst != l.Rate:
+		return &Error{Field: BurstField, Reason: "applies to rate algorithms only"}
+	case l.Period < time.Millisecond || l.Period%time.Millisecond != 0:
+		return &Error{Field: PeriodField, Value: l.Period.String(), Reason: "must be a whole number of milliseconds, at least 1ms"}
+	case l.Period > MaxSlotLifetime:
+		return &Error{Field: PeriodField, Value: l.Period.String(), Reason: fmt.Sprintf("is longer than %v", MaxSlotLifetime)}
+	case l.Overdraft:
+		return &Error{Field: OverdraftField, Reason: "applies to rate algorithms only"}
+	case l.Shared:
+		return &Error{Field: SharedField, Reason: "applies to algorithm gcra only"}
+	case l.Window != (Window{}):
+		return &Error{Field: WindowField, Reason: "applies to algorithm fixed_window only"}
 	}
 	return nil
 }

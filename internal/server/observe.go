@@ -207,6 +207,12 @@ func registerBackendMetrics(reg prometheus.Registerer, be backend.Backend) {
 			}, func() float64 { return float64(m.Evictions()) }),
 		)
 	}
+	if s, ok := be.(backend.SlotStats); ok {
+		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "rls_slots_expired_total",
+			Help: "Slots of concurrency limits found expired and dropped: each a release lost, or a request that ran past slot_lifetime. A lower bound: a key with no request after its slots expired is not counted.",
+		}, func() float64 { return float64(s.SlotsExpired()) }))
+	}
 	if c, ok := be.(backend.CacheStats); ok {
 		reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "rls_local_cache_hits_total",

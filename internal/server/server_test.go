@@ -441,15 +441,16 @@ func TestBackendCapabilities(t *testing.T) {
 		t.Errorf("unhealthy: %v, want rls_backend_up 0", got)
 	}
 
-	// The memory backend has neither capability, and reports its own: keys, bytes, evictions.
+	// The memory backend has neither capability, and reports its own: keys, bytes, evictions,
+	// and the slots of concurrency limits it found expired.
 	mem, err := backend.NewMemory(backend.MemoryOptions{MaxKeys: 64})
 	if err != nil {
 		t.Fatal(err)
 	}
 	reg = prometheus.NewRegistry()
 	registerBackendMetrics(reg, mem)
-	if got := gather(); len(got) != 3 || got["rls_memory_keys"] != 0 || got["rls_memory_evictions_total"] != 0 {
-		t.Errorf("memory backend, empty: metrics %v, want rls_memory_keys, rls_memory_bytes and rls_memory_evictions_total, all 0", got)
+	if got := gather(); len(got) != 4 || got["rls_memory_keys"] != 0 || got["rls_memory_evictions_total"] != 0 || got["rls_slots_expired_total"] != 0 {
+		t.Errorf("memory backend, empty: metrics %v, want rls_memory_keys, rls_memory_bytes, rls_memory_evictions_total and rls_slots_expired_total, all 0", got)
 	}
 	// 200 keys holding usage (1 an hour) in a backend of 64: the rest are evicted, and counted.
 	l := limit.Limit{Rate: 1, Period: time.Hour, Burst: 1}

@@ -59,6 +59,10 @@ type KeyLimit struct {
 	InDebt      bool    `json:"in_debt"`
 	Debt        int64   `json:"debt,omitempty"`
 	RepaidAfter float64 `json:"repaid_after_seconds,omitempty"`
+	// SlotsHeld is, under algorithm concurrency, the slots held now, of requests_per_unit
+	// (max_in_flight); reset_after_seconds is then the time until the last frees itself unless
+	// released.
+	SlotsHeld int64 `json:"slots_held,omitempty"`
 }
 
 // KeyDescriptor is one descriptor of a /v1/keys query: the rule it matched and its limits.
@@ -219,6 +223,11 @@ func keyLimit(l *descriptors.Limit, d backend.Decision) KeyLimit {
 	kl := KeyLimit{
 		Name: l.Name, RequestsPerUnit: l.RequestsPerUnit, Unit: l.Unit.String(), UnitMultiplier: l.UnitMultiplier,
 		Burst: l.Burst, Overdraft: l.Spec.Overdraft, Algorithm: l.Spec.Algorithm.String(), Remaining: d.Remaining, ResetAfter: d.ResetAfter.Seconds(),
+	}
+	if l.Spec.Algorithm == limit.Concurrency {
+		// A check is denied when every slot is held.
+		kl.SlotsHeld = l.Spec.Rate - d.Remaining
+		return kl
 	}
 	// A check is denied only in debt (or under a rate of 0, which holds no state).
 	if !d.Allowed && l.Spec.Rate > 0 {

@@ -49,6 +49,7 @@ type Metrics struct {
 	lastLoad   prometheus.Gauge
 	lastOK     prometheus.Gauge
 	algorithms *prometheus.GaugeVec
+	slotOps    *prometheus.CounterVec // slotmetrics.go
 	nearRatio  float64
 
 	mu    sync.RWMutex
@@ -125,13 +126,14 @@ func NewMetrics(reg prometheus.Registerer, nearLimitRatio float64) (*Metrics, er
 		}),
 		algorithms: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "rls_rule_algorithm",
-			Help: "The limits in force by domain, rule (as rls_decisions_total names it) and algorithm (gcra, fixed_window, sliding_window, sliding_log): how many. Join on domain and rule to break decisions down by algorithm.",
+			Help: "The limits in force by domain, rule (as rls_decisions_total names it) and algorithm (gcra, fixed_window, sliding_window, sliding_log, concurrency): how many. Join on domain and rule to break decisions down by algorithm.",
 		}, []string{"domain", "rule", "algorithm"}),
+		slotOps:   newSlotOps(),
 		nearRatio: nearLimitRatio,
 		rules:     map[*descriptors.Limit]*ruleCounters{},
 		detailed:  map[ruleID]*detailedValues{},
 	}
-	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.overload, m.inflight, m.newKeys, m.loads, m.generation, m.lastLoad, m.lastOK, m.algorithms} {
+	for _, c := range []prometheus.Collector{m.decisions, m.hits, m.latency, m.errors, m.overload, m.inflight, m.newKeys, m.loads, m.generation, m.lastLoad, m.lastOK, m.algorithms, m.slotOps} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -226,6 +226,11 @@ type descState struct {
 	over   [1]descriptors.Limit // backs limits for a request's override
 	// override: limits is the descriptor's own override, decided in a key of its own.
 	override bool
+	// slot and release are the descriptor's SlotEntry and ReleaseEntry (see slots.go); plain
+	// is then its entries without them (nil when it has neither).
+	slot    string
+	release bool
+	plain   []*ratelimitv3.RateLimitDescriptor_Entry
 }
 
 // item is one backend request of a request: one limit of one descriptor, with its decision and
@@ -331,6 +336,7 @@ func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest
 		for _, e := range d.Entries {
 			w.entries = append(w.entries, descriptors.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
+		w.entries = ds.takeSlotEntries(d.Entries, w.entries)
 		if r := rs.Match(domain, w.entries); r != nil {
 			ds.rule = r
 			ds.limits = r.Limits
@@ -366,20 +372,27 @@ func (s *Service) translate(rs *descriptors.RuleSet, req *rlsv3.RateLimitRequest
 			}
 		}
 		fail := s.failureModeOf(ds.rule)
+		entries := d.Entries
+		if ds.plain != nil {
+			entries = ds.plain
+		}
 		for j := range ds.limits {
 			l := &ds.limits[j]
 			replaced := l.Name != "" && slices.Contains(w.replaced, l.Name)
 			if replaced && !keepReplaced {
 				continue
 			}
+			req := backend.Request{Limit: l.Spec, Cost: cost, Refund: d.GetIsNegativeHits(), Mode: mode}
+			if !ds.slotRequest(&req) {
+				continue
+			}
 			if ds.override {
-				w.appendOverrideKey(domain, d.Entries, d.GetLimit())
+				w.appendOverrideKey(domain, entries, d.GetLimit())
 			} else {
-				w.appendKey(domain, d.Entries, share, l.KeyTag)
+				w.appendKey(domain, entries, share, l.KeyTag)
 			}
 			w.items = append(w.items, item{
-				desc: i, limit: l, fail: fail, replaced: replaced, keyEnd: len(w.keys),
-				req: backend.Request{Limit: l.Spec, Cost: cost, Refund: d.GetIsNegativeHits(), Mode: mode},
+				desc: i, limit: l, fail: fail, replaced: replaced, keyEnd: len(w.keys), req: req,
 			})
 		}
 	}
@@ -480,6 +493,7 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 	if !admitted {
 		resp.OverallCode = rlsv3.RateLimitResponse_OVER_LIMIT
 	}
+	s.metrics.countSlots(w, admitted)
 	var md responseMetadata
 	k := 0
 	for i := range req.Descriptors {
@@ -495,7 +509,7 @@ func (s *Service) response(req *rlsv3.RateLimitRequest, w *work, admitted bool) 
 		}
 		it := &w.items[best]
 		if s.metrics != nil {
-			s.record(req.Domain, req.Descriptors[i], r, w, it)
+			s.record(req.Domain, w.descs[i].counted(req.Descriptors[i]), r, w, it)
 		}
 		if it.via == FailAllow && it.dec.Allowed {
 			// Admitted without a decision: no limit or remaining to report, so that Envoy's

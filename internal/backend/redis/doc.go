@@ -13,6 +13,9 @@
 // call per slot, sent to each slot's master; when one slot refuses the batch, the charges the
 // others made are undone in a second round trip (the only case with two).
 //
+// Limits on requests in flight (limit.Concurrency) keep a sorted set per key instead, written
+// by their own script (slots.lua, slots.go), decided before a batch's rates and undone with them.
+//
 // The backend is parts, each handed what it needs and none calling back into Backend (see
 // ARCHITECTURE.md): the core, which decides (decide.go, top to bottom: the local cache, the
 // plan, the send — route.go is the one seam between a single node and a Cluster —, the settle,

@@ -17,6 +17,7 @@ import (
 	"github.com/rls-project/rls/internal/backend"
 	"github.com/rls-project/rls/internal/limit"
 	"github.com/rls-project/rls/internal/logthrottle"
+	"github.com/rls-project/rls/internal/pipeline"
 )
 
 // Options configures a Backend. Only Target is required.
@@ -103,6 +104,10 @@ type Backend struct {
 	resets    atomic.Uint64         // data losses found
 	health    *healthSubs
 	closeOnce sync.Once
+
+	slotsExpired atomic.Uint64                  // expired slots dropped (slots.go)
+	slotPipe     *pipeline.Coalescer[*slotCall] // slot calls' pipelines, from the first (slots.go)
+	slotPipeOnce sync.Once
 }
 
 // decider decides a batch: the core, or the leases layer over it.
@@ -143,6 +148,9 @@ func (b *Backend) Decide(ctx context.Context, reqs []backend.Request, out []back
 }
 
 func (b *Backend) decide(ctx context.Context, reqs []backend.Request, out []backend.Decision) (bool, error) {
+	if backend.HoldsSlots(reqs) {
+		return b.decideSlots(ctx, reqs, out)
+	}
 	if b.leases != nil {
 		return b.leases.Decide(ctx, reqs, out)
 	}
@@ -521,6 +529,10 @@ func (b *Backend) Close() error {
 	b.closeOnce.Do(func() {
 		if b.leases != nil {
 			b.leases.close() // gives back every lease, while the nodes still answer
+		}
+		b.slotPipeOnce.Do(func() {}) // no coalescer of slot calls starts once closing
+		if b.slotPipe != nil {
+			b.slotPipe.Close()
 		}
 		b.background.close()
 		var errs []error

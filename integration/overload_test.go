@@ -101,12 +101,21 @@ func TestOverloadIsNotARedisFailure(t *testing.T) {
 	if other.Load() == 0 && shed == 0 {
 		t.Fatal("no caller ran out of time and no decision was shed: the run did not overload rls")
 	}
-	// Once the load is gone, decisions are exact again.
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	resp, err := c.ShouldRateLimit(ctx, ovlRequest("user", "after"))
-	if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 999 {
-		t.Fatalf("after the load: %v %v, want OK with 999 remaining", resp, err)
+	// Once the load is gone, decisions are exact again. The backlog of calls the load left
+	// (read before their callers gave up) may take a one-CPU, race-built rls a few seconds more
+	// to clear: each try asks about a key of its own, so that one that timed out on this side
+	// but was decided on rls's cannot change what the next one is told.
+	for try := range 6 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		resp, err := c.ShouldRateLimit(ctx, ovlRequest("user", "after-"+strconv.Itoa(try)))
+		cancel()
+		if status.Code(err) == codes.DeadlineExceeded && try < 5 {
+			continue
+		}
+		if err != nil || resp.OverallCode != rlsv3.RateLimitResponse_OK || resp.Statuses[0].LimitRemaining != 999 {
+			t.Fatalf("after the load (try %d): %v %v, want OK with 999 remaining", try+1, resp, err)
+		}
+		break
 	}
 }
 

@@ -276,6 +276,8 @@ func TestHelmRefusesBadValues(t *testing.T) {
 		{"Envoy Gateway without Redis", "envoy-gateway-system", "mode: envoyGateway", "counted in Redis"},
 		{"TLS without a Secret", "ratelimit", "tls: {enabled: true}", "tls.enabled: set tls.secretName"},
 		{"mTLS without TLS", "ratelimit", "tls: {clientCA: {enabled: true}}", "needs tls.enabled"},
+		{"HTTP over TLS without TLS", "ratelimit", "tls: {http: true}", "tls.http (the HTTP listener over TLS) needs tls.enabled"},
+		{"HTTP over TLS scraped on the HTTP port", "ratelimit", "{tls: {enabled: true, secretName: s, http: true}, monitoring: {force: true}}", "set service.metricsPort"},
 		{"no rules", "ratelimit", "rules: {files: null}", "mode standalone needs rules"},
 		{"a rule file rls would not load", "ratelimit", "rules: {files: {limits.json: 'domain: x'}}", `"limits.json": rls loads *.yaml and *.yml files only`},
 		{"AI Gateway in another namespace", "ratelimit", "mode: aiGateway", `install into namespace "envoy-gateway-system"`},

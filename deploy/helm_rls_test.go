@@ -153,3 +153,38 @@ func TestHelmBoundsTheLocalStore(t *testing.T) {
 		})
 	}
 }
+
+// TestHelmHTTPOverTLS: with tls.http the HTTP listener takes the gRPC certificate, and the client
+// CA with mTLS, and the probes ask over HTTPS (the kubelet would otherwise get a TLS alert and
+// restart the pod); without it they stay HTTP. TestHelmRendersWhatRLSRuns starts rls with the
+// tls-mtls example's arguments.
+func TestHelmHTTPOverTLS(t *testing.T) {
+	for _, http := range []bool{false, true} {
+		vals := exampleValues(t, "tls-mtls")
+		vals["tls"].(map[string]any)["http"] = http
+		out, err := render(t, vals, helmExamples["tls-mtls"].namespace, helmExamples["tls-mtls"].apis...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, c, _ := podOf(t, rlsDeployment(t, helmObjects(t, out)))
+		want := []string{"--http-tls-cert=/etc/rls/tls/tls.crt", "--http-tls-key=/etc/rls/tls/tls.key", "--http-tls-client-ca=/etc/rls/client-ca/ca.crt"}
+		scheme := corev1.URISchemeHTTPS
+		if !http {
+			want, scheme = nil, ""
+		}
+		var got []string
+		for _, a := range c.Args {
+			if strings.HasPrefix(a, "--http-tls-") {
+				got = append(got, a)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("tls.http %v: args %q, want %q", http, got, want)
+		}
+		for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+			if p == nil || p.HTTPGet == nil || p.HTTPGet.Scheme != scheme {
+				t.Errorf("tls.http %v: %s probe %+v, want an HTTP GET with scheme %q", http, name, p, scheme)
+			}
+		}
+	}
+}

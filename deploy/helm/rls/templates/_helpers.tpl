@@ -120,6 +120,12 @@ by the cluster (helm install/upgrade/template --api-versions) or the user forces
 {{- if and .Values.tls.clientCA.enabled (not .Values.tls.enabled) }}
 {{- fail "tls.clientCA.enabled (mTLS) needs tls.enabled" }}
 {{- end }}
+{{- if and .Values.tls.http (not .Values.tls.enabled) }}
+{{- fail "tls.http (the HTTP listener over TLS) needs tls.enabled, whose certificate it uses" }}
+{{- end }}
+{{- if and .Values.tls.http .Values.monitoring.serviceMonitor.enabled (include "rls.monitoringAPI" .) (not .Values.service.metricsPort) }}
+{{- fail "tls.http with monitoring.serviceMonitor.enabled: set service.metricsPort, a plain-HTTP listener of /metrics alone for Prometheus to scrape" }}
+{{- end }}
 {{- if and (eq .Values.mode "envoyGateway") .Values.tls.enabled }}
 {{- fail "mode envoyGateway: TLS comes from Envoy Gateway's envoy-rate-limit Secret (envoyGateway.certsSecret); leave tls.enabled false" }}
 {{- end }}

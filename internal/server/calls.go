@@ -62,7 +62,11 @@ type callGate struct {
 
 	mu       sync.Mutex
 	open     int64 // calls holding a place, at most max
-	arriving calls // counted calls still waiting for their message, oldest first
+	arriving calls // listed calls (see call.listed) still waiting for their message, oldest first
+	// sweep runs at the deadline of the oldest call on arriving (armed), or a little
+	// earlier: one timer for the gate rather than one a call.
+	sweep *time.Timer
+	armed bool
 
 	refused prometheus.Counter
 	slow    *prometheus.CounterVec
@@ -79,6 +83,8 @@ func newCallGate(timeout time.Duration, max int64, reg prometheus.Registerer, wa
 	}
 	g.slow.WithLabelValues(reasonTimeout)
 	g.slow.WithLabelValues(reasonEvicted)
+	g.sweep = time.AfterFunc(time.Hour, g.expire)
+	g.sweep.Stop()
 	cs := []prometheus.Collector{g.slow}
 	if max > 0 {
 		g.refused = prometheus.NewCounter(prometheus.CounterOpts{
@@ -136,18 +142,21 @@ var (
 // call is one unary call the gate watches.
 type call struct {
 	g      *callGate
-	start  time.Time
+	start  time.Time // when its headers came; set under the gate's mutex, in list order
 	cancel context.CancelCauseFunc
-	timer  *time.Timer // the message deadline; nil without one
 	// stopEnd unregisters end from the call's context; true when end will not run.
 	stopEnd func() bool
 
 	// state is arriving, then arrived, expired or evicted; the gate's mutex guards the list and
 	// open, state moves by compare-and-swap out of arriving.
-	state      atomic.Int32
-	counted    bool // holds a place in the bound (set in tap, before the call is shared)
-	prev, next *call
+	state   atomic.Int32
+	counted bool // holds a place in the bound (set in tap, before the call is shared)
+	// listed: on the gate's list while its message arrives, for the message deadline or the
+	// bound's eviction (set in tap, before the call is shared); onList says whether it is
+	// there still.
 	listed     bool
+	prev, next *call
+	onList     bool
 }
 
 const (
@@ -167,8 +176,9 @@ func (g *callGate) tap(ctx context.Context, info *tap.Info) (context.Context, er
 	}
 	c := &call{g: g}
 	ctx, c.cancel = context.WithCancelCause(ctx)
-	if g.max > 0 && info.FullMethodName == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName {
-		c.counted = true
+	c.counted = g.max > 0 && info.FullMethodName == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName
+	c.listed = c.counted || g.timeout > 0
+	if c.listed {
 		admitted, victim := g.admit(c)
 		if !admitted {
 			c.cancel(errTooManyCalls)
@@ -180,39 +190,43 @@ func (g *callGate) tap(ctx context.Context, info *tap.Info) (context.Context, er
 			g.slowCall(reasonEvicted)
 		}
 	}
-	if g.timeout > 0 {
-		c.timer = time.AfterFunc(g.timeout, c.expire)
-	}
 	// The stream's context ends with the call, however it ends (answered, reset, its
 	// connection closed), and this context with it.
 	c.stopEnd = context.AfterFunc(ctx, c.end)
 	return context.WithValue(ctx, callKey{}, c), nil
 }
 
-// admit gives c a place in the bound: a free one, or the place of the oldest call waiting for
-// its message for at least evictAfter, returned to be cancelled. False when there is neither.
+// admit lists c, a listed call. A counted one first takes a place in the bound: a free one, or
+// the place of the oldest call waiting for its message for at least evictAfter, returned to be
+// cancelled; false when there is neither.
 func (g *callGate) admit(c *call) (admitted bool, victim *call) {
-	now := time.Now()
-	c.start = now
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if g.open >= g.max {
-		// The list holds calls still arriving, oldest first, but for one whose message or
-		// deadline came a moment ago and that has not taken itself off yet.
-		for o := g.arriving.head; o != nil && now.Sub(o.start) >= evictAfter; o = o.next {
-			if o.state.CompareAndSwap(callArriving, callEvicted) {
-				victim = o
-				break
+	now := time.Now() // under the mutex, so that the list stays in the order of start
+	c.start = now
+	if c.counted {
+		if g.open >= g.max {
+			// The list holds calls still arriving, oldest first, but for one whose message or
+			// deadline came a moment ago and that has not taken itself off yet.
+			for o := g.arriving.head; o != nil && now.Sub(o.start) >= evictAfter; o = o.next {
+				if o.counted && o.state.CompareAndSwap(callArriving, callEvicted) {
+					victim = o
+					break
+				}
 			}
+			if victim == nil {
+				return false, nil
+			}
+			g.arriving.remove(victim)
+			g.open-- // its place is c's: its end gives back none
 		}
-		if victim == nil {
-			return false, nil
-		}
-		g.arriving.remove(victim)
-		g.open-- // its place is c's: its end gives back none
+		g.open++
 	}
-	g.open++
 	g.arriving.push(c)
+	if g.timeout > 0 && !g.armed {
+		g.armed = true
+		g.sweep.Reset(g.timeout)
+	}
 	return true, victim
 }
 
@@ -222,43 +236,47 @@ func (c *call) arrived() {
 	if !c.state.CompareAndSwap(callArriving, callArrived) {
 		return
 	}
-	if c.timer != nil {
-		c.timer.Stop()
-	}
-	if c.counted {
+	if c.listed {
 		c.g.mu.Lock()
 		c.g.arriving.remove(c)
 		c.g.mu.Unlock()
 	}
 }
 
-// expire runs at the message deadline: a call still waiting for its message is cancelled.
-func (c *call) expire() {
-	if !c.state.CompareAndSwap(callArriving, callExpired) {
-		return
+// expire runs at the message deadline of the oldest listed call, or a little earlier: the calls
+// still waiting for their message --grpc-message-timeout after their headers are cancelled, and
+// the sweep is armed again for the oldest call left.
+func (g *callGate) expire() {
+	var late []*call
+	g.mu.Lock()
+	now := time.Now()
+	for c := g.arriving.head; c != nil && now.Sub(c.start) >= g.timeout; c = g.arriving.head {
+		g.arriving.remove(c)
+		if c.state.CompareAndSwap(callArriving, callExpired) {
+			late = append(late, c)
+		}
 	}
-	if c.counted {
-		c.g.mu.Lock()
-		c.g.arriving.remove(c)
-		c.g.mu.Unlock()
+	if c := g.arriving.head; c != nil {
+		g.sweep.Reset(c.start.Add(g.timeout).Sub(now))
+	} else {
+		g.armed = false
 	}
-	c.cancel(errSlowMessage)
-	c.g.slowCall(reasonTimeout)
+	g.mu.Unlock()
+	for _, c := range late {
+		g.slowCall(reasonTimeout) // counted by the time its call sees it
+		c.cancel(errSlowMessage)  // its end gives its place back
+	}
 }
 
-// end runs once when the call ends, or when its handler returns: it stops the deadline and
-// gives back its place.
+// end runs once when the call ends, or when its handler returns: it gives back its place.
 func (c *call) end() {
-	if c.timer != nil {
-		c.timer.Stop()
-	}
-	if !c.counted {
+	if !c.listed {
 		return
 	}
 	g := c.g
 	g.mu.Lock()
 	g.arriving.remove(c)
-	if c.state.Load() != callEvicted {
+	if c.counted && c.state.Load() != callEvicted {
 		g.open--
 	}
 	g.mu.Unlock()
@@ -293,7 +311,7 @@ func (g *callGate) interceptor(ctx context.Context, req any, info *grpc.UnarySer
 type calls struct{ head, tail *call }
 
 func (l *calls) push(c *call) {
-	c.prev, c.next, c.listed = l.tail, nil, true
+	c.prev, c.next, c.onList = l.tail, nil, true
 	if l.tail != nil {
 		l.tail.next = c
 	} else {
@@ -303,7 +321,7 @@ func (l *calls) push(c *call) {
 }
 
 func (l *calls) remove(c *call) {
-	if !c.listed {
+	if !c.onList {
 		return
 	}
 	if c.prev != nil {
@@ -316,5 +334,5 @@ func (l *calls) remove(c *call) {
 	} else {
 		l.tail = c.prev
 	}
-	c.prev, c.next, c.listed = nil, nil, false
+	c.prev, c.next, c.onList = nil, nil, false
 }

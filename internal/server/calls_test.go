@@ -15,7 +15,7 @@ import (
 
 const srl = rlsv3.RateLimitService_ShouldRateLimit_FullMethodName
 
-func testGate(t *testing.T, timeout time.Duration, max int64) *callGate {
+func testGate(t testing.TB, timeout time.Duration, max int64) *callGate {
 	t.Helper()
 	g, err := newCallGate(timeout, max, prometheus.NewRegistry(), nil)
 	if err != nil {
@@ -171,4 +171,67 @@ func TestCallGateConcurrent(t *testing.T) {
 	if g.arriving.head != nil || g.arriving.tail != nil {
 		t.Fatal("calls left on the list of calls waiting for their message")
 	}
+}
+
+// Each call waiting for its message is cancelled at its own deadline, never before: the gate's
+// one timer is armed again for the next oldest call after each sweep, and rests once no call
+// waits.
+func TestCallGateMessageTimeoutEach(t *testing.T) {
+	const timeout = 60 * time.Millisecond
+	g := testGate(t, timeout, 4)
+	type opened struct {
+		ctx   context.Context
+		start time.Time
+	}
+	var calls []opened
+	for range 3 {
+		start := time.Now()
+		ctx, end, err := open(g)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer end()
+		calls = append(calls, opened{ctx, start})
+		time.Sleep(timeout / 3)
+	}
+	for i, c := range calls {
+		select {
+		case <-c.ctx.Done():
+		case <-time.After(10 * time.Second):
+			t.Fatalf("call %d was not cancelled", i)
+		}
+		if waited := time.Since(c.start); waited < timeout {
+			t.Errorf("call %d cancelled after %v, before its deadline of %v", i, waited, timeout)
+		}
+		if context.Cause(c.ctx) != errSlowMessage {
+			t.Errorf("call %d: cause %v", i, context.Cause(c.ctx))
+		}
+	}
+	awaitOpen(t, g, 0)
+	if got := rlstest.CounterValue(t, g.slow.WithLabelValues(reasonTimeout)); got != 3 {
+		t.Fatalf("message timeouts counted %v, want 3", got)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.armed || g.arriving.head != nil {
+		t.Fatalf("armed %v with calls listed %v: want the timer at rest and the list empty", g.armed, g.arriving.head != nil)
+	}
+}
+
+// BenchmarkCallGate: an ordinary call's way through the gate: its headers (the tap), its
+// message (the interceptor), its handler, its end.
+func BenchmarkCallGate(b *testing.B) {
+	g := testGate(b, defaultGRPCMessageTimeout, defaultGRPCMaxCalls)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			ctx, end, err := open(g)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			_, _ = g.interceptor(ctx, nil, nil, func(context.Context, any) (any, error) { return nil, nil })
+			end()
+		}
+	})
 }

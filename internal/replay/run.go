@@ -198,7 +198,7 @@ func (r *Run) count(s int, req *Request, items []Item) {
 		if denied {
 			st.Denied[s]++
 			st.lastB[s][1]++
-			st.keys[s][descString(req.Descs[i].Entries)]++
+			st.keys[s][descriptors.Text(req.Descs[i].Entries)]++
 			r.denied[s][i] = true
 		} else {
 			st.lastB[s][0]++
@@ -232,20 +232,6 @@ func (r *Run) ruleStats(s int, rule *descriptors.Rule) *RuleStats {
 	}
 	r.byRule[s][rule] = st
 	return st
-}
-
-// descString writes a descriptor as rls check takes it: k=v,k=v.
-func descString(entries []descriptors.Entry) string {
-	var b strings.Builder
-	for i, e := range entries {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(e.Key)
-		b.WriteByte('=')
-		b.WriteString(e.Value)
-	}
-	return b.String()
 }
 
 // maxBuckets is how many spans of time a rule's series has at most.

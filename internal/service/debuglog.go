@@ -6,6 +6,8 @@ import (
 	"strings"
 
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+
+	"github.com/rls-project/rls/internal/descriptors"
 )
 
 // debugDecision logs a decided request at debug level: its domain, descriptors (values
@@ -15,20 +17,21 @@ func (s *Service) debugDecision(ctx context.Context, req *rlsv3.RateLimitRequest
 	if !s.log.Enabled(ctx, slog.LevelDebug) {
 		return
 	}
-	var descs, codes strings.Builder
+	var descs []byte // each in the text form rls check reads, separated by "; "
 	for i, d := range req.Descriptors {
 		if i > 0 {
-			descs.WriteString("; ")
+			descs = append(descs, "; "...)
 		}
 		for j, e := range d.Entries {
 			if j > 0 {
-				descs.WriteByte(',')
+				descs = append(descs, ',')
 			}
-			descs.WriteString(e.GetKey())
-			descs.WriteByte('=')
-			descs.WriteString(e.GetValue())
+			descs = descriptors.AppendEscaped(descs, e.GetKey())
+			descs = append(descs, '=')
+			descs = descriptors.AppendEscaped(descs, e.GetValue())
 		}
 	}
+	var codes strings.Builder
 	for i, st := range resp.GetStatuses() {
 		if i > 0 {
 			codes.WriteByte(' ')
@@ -36,6 +39,6 @@ func (s *Service) debugDecision(ctx context.Context, req *rlsv3.RateLimitRequest
 		codes.WriteString(st.GetCode().String())
 	}
 	s.log.LogAttrs(ctx, slog.LevelDebug, "decision", slog.String("domain", req.GetDomain()),
-		slog.String("descriptors", descs.String()), slog.Uint64("hits_addend", uint64(req.GetHitsAddend())),
+		slog.String("descriptors", string(descs)), slog.Uint64("hits_addend", uint64(req.GetHitsAddend())),
 		slog.String("overall_code", resp.GetOverallCode().String()), slog.String("codes", codes.String()))
 }

@@ -6,8 +6,11 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
+
+	"github.com/rls-project/rls/internal/descriptors"
 )
 
 func keysRequest(t *testing.T, h http.Handler, method, query, token string) (*httptest.ResponseRecorder, KeysResult) {
@@ -104,3 +107,27 @@ func TestKeysHandler(t *testing.T) {
 }
 
 func testLogger(w *strings.Builder) *slog.Logger { return slog.New(slog.NewTextHandler(w, nil)) }
+
+// TestDescriptorTextReadsBack: what rls writes as a descriptor's text (the debug log, replay's
+// report, /debug/top) reads back as the same descriptor in rls check and /v1/keys, whatever its
+// keys and values hold.
+func TestDescriptorTextReadsBack(t *testing.T) {
+	for _, entries := range [][]descriptors.Entry{
+		{{Key: "user", Value: "alice"}},
+		{{Key: "path", Value: "/a,b=c"}, {Key: "q%", Value: "100%25"}},
+		{{Key: "k", Value: ""}, {Key: "=", Value: ",,"}, {Key: "é", Value: "%2C"}},
+	} {
+		text := descriptors.Text(entries)
+		d, err := ParseDescriptor(text)
+		if err != nil {
+			t.Fatalf("%q: %v", text, err)
+		}
+		var got []descriptors.Entry
+		for _, e := range d.Entries {
+			got = append(got, descriptors.Entry{Key: e.Key, Value: e.Value})
+		}
+		if !slices.Equal(got, entries) {
+			t.Errorf("%q reads back as %v, want %v", text, got, entries)
+		}
+	}
+}

@@ -19,6 +19,8 @@ import (
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
+
+	"github.com/rls-project/rls/internal/descriptors"
 )
 
 const (
@@ -254,7 +256,7 @@ func descriptorText(ident string, cut bool) string {
 				shared = false
 			}
 		}
-		b = appendEscaped(b, f)
+		b = descriptors.AppendEscaped(b, f)
 	}
 	if len(b) > MaxTextBytes {
 		i := MaxTextBytes
@@ -274,20 +276,4 @@ func descriptorText(ident string, cut bool) string {
 		return string(b) + "…"
 	}
 	return string(b)
-}
-
-func appendEscaped(b []byte, s string) []byte {
-	for i := 0; i < len(s); i++ {
-		switch c := s[i]; c {
-		case ',':
-			b = append(b, "%2C"...)
-		case '=':
-			b = append(b, "%3D"...)
-		case '%':
-			b = append(b, "%25"...)
-		default:
-			b = append(b, c)
-		}
-	}
-	return b
 }

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"math"
+	"runtime"
 	"runtime/metrics"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -107,5 +109,37 @@ func TestStarved(t *testing.T) {
 	}
 	if schedLatencies() == nil {
 		t.Error("the runtime reports no /sched/latencies:seconds")
+	}
+}
+
+// TestBacklogged: goroutines still waiting for a CPU, which the histogram of waits cannot count
+// yet, show in the depth of the run queues. (Without it, TestOverloadKeepsBreakerClosed took its
+// saturated process, a thousand goroutines runnable on one P, for a slow Redis about one run in
+// eight.)
+func TestBacklogged(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	var stop atomic.Bool
+	var wg sync.WaitGroup
+	var seen bool
+	for range 3 * backlogPerP {
+		wg.Go(func() {
+			for !stop.Load() {
+				runtime.Gosched()
+			}
+		})
+	}
+	// This goroutine waits behind the others too: a few turns are enough for all of them to be
+	// runnable at once.
+	for i := 0; i < 100 && !seen; i++ {
+		runtime.Gosched()
+		seen = backlogged()
+	}
+	if !seen {
+		t.Errorf("%d goroutines runnable on one P: backlogged() = false", 3*backlogPerP)
+	}
+	stop.Store(true)
+	wg.Wait()
+	if backlogged() {
+		t.Error("backlogged() = true with the goroutines gone")
 	}
 }

@@ -216,7 +216,8 @@ func (n *node) healthChanged(healthy bool, cause error) {
 // from the decision: a probe on the node's own connection tells. A probe goes out when a
 // pipeline has had no answer for slowAfter, or when a decision runs out of time and the node
 // has not replied for slowAfter. While a probe has had no answer for slowAfter, nor has anything
-// else from the node, and this process was not starved of CPU meanwhile, the node is slow: the
+// else from the node, and this process was not starved of CPU meanwhile (its waits for a CPU,
+// and the depth of its run queues: see starved and backlogged), the node is slow: the
 // decision fails as Redis slow (counted per node, as a backend timeout). Otherwise it counts as
 // overload. A probe with no answer within the probe timeout opens the breaker.
 func (n *node) ranOut() error {
@@ -247,7 +248,7 @@ func (n *node) slowNow() bool {
 		// Read the runtime's histogram at most every few milliseconds: decisions that run out
 		// of time come by the thousand when Redis hangs.
 		n.verdictOf, n.verdictAt = sent, now
-		n.starvedNow = starved(n.probeBefore.Load(), schedLatencies(), 2*slowAfter)
+		n.starvedNow = starved(n.probeBefore.Load(), schedLatencies(), 2*slowAfter) || backlogged()
 	}
 	return !n.starvedNow
 }
@@ -257,7 +258,7 @@ func (n *node) slowNow() bool {
 // when this process was too starved of CPU to tell: when it returned far later than its
 // timeout, when some other call got a reply meanwhile (Redis answers, this process is slow to
 // read), or when this process's goroutines waited long for a CPU while it ran (the runtime's
-// scheduling latencies).
+// scheduling latencies) or wait in a deep run queue as it ends.
 func (n *node) kickProbe() {
 	if !n.probing.CompareAndSwap(false, true) {
 		return
@@ -282,7 +283,7 @@ func (n *node) kickProbe() {
 			n.lastReply.Store(d.mono())
 		case isReply(err) && !unavailableReply(err):
 			n.lastReply.Store(d.mono())
-		case n.lastReply.Load() > start || took > 2*probeTO || starved(before, schedLatencies(), probeTO):
+		case n.lastReply.Load() > start || took > 2*probeTO || starved(before, schedLatencies(), probeTO) || backlogged():
 			d.log.Debug("redis probe inconclusive: this process is starved of CPU", "node", n.name, "took", took, "err", err)
 		default:
 			n.br.Trip(fmt.Errorf("no answer to a probe within %v: %w", probeTO, err))

@@ -559,6 +559,22 @@ func schedLatencies() *metrics.Float64Histogram {
 	return s[0].Value.Float64Histogram()
 }
 
+// backlogPerP is how many goroutines waiting for a CPU, per P, say this process is starved
+// whatever its histogram of waits says (see backlogged): behind that many, a goroutine that
+// becomes runnable waits milliseconds even if each runs for a few tens of microseconds.
+const backlogPerP = 128
+
+// backlogged reports whether the run queues hold backlogPerP or more goroutines per P now. The
+// histogram of waits (see starved) counts a wait only once it ends, so a process whose
+// goroutines are all still waiting, the most starved, shows there as few short waits: the
+// depth of its run queues shows it.
+func backlogged() bool {
+	s := []metrics.Sample{{Name: "/sched/goroutines/runnable:goroutines"}}
+	metrics.Read(s)
+	return s[0].Value.Kind() == metrics.KindUint64 &&
+		s[0].Value.Uint64() >= backlogPerP*uint64(runtime.GOMAXPROCS(0))
+}
+
 // starved reports whether, between two samples of schedLatencies taken around a probe of the
 // given timeout, this process was too short of CPU for the probe to tell anything: a tenth or
 // more of the waits for a CPU lasted a tenth of the timeout or longer, or some wait lasted half

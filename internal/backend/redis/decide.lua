@@ -904,12 +904,14 @@ local function giveback()
   return table.concat(reply)
 end
 
--- states holds per key the state after the batches of this call charged so far: a state
--- (table, or false for none), or the packed GCRA_STATE the fast path wrote, with its expiry in
--- ttls. stored holds what was read of the key (its state; true or false, whether it existed, when
--- only the fast path read it), raw the values read but not parsed yet (false: none). Only keys
--- whose state changed are written, once, at the end.
-local states, stored, raw, ttls
+-- states holds per key the state after the batches of this call that the general path decided
+-- charged so far (a table, or false for none), and stored what it read of the key: only those
+-- whose state changed are written, at the end. raw holds the values read but not parsed yet
+-- (false: none), and the packed GCRA_STATE the fast path charged; put_* list the fast path's
+-- writes (key, expiry in ms, value), in order, also made at the end. Nothing is written before
+-- the last batch is decided, so a call that fails part way (an error) charges nothing.
+local states, stored, raw
+local put_keys, put_ttls, put_values, nput
 
 local function state(key)
   local s = states[key]
@@ -921,9 +923,6 @@ local function state(key)
       s = parse(v)
     end
     states[key], stored[key] = s, s
-  elseif type(s) == "string" then
-    s = parse(s) -- a state the fast path wrote: stored keeps what was read
-    states[key] = s
   end
   return s
 end
@@ -1007,19 +1006,18 @@ end
 -- fast decides, as single does, a one-key batch of the common shape (FAST_FLAGS: an enforced
 -- GCRA charge without overdraft) of cost >= 1 under L, on a key that holds no state or a GCRA
 -- state written under L's rate and period, without tables: the state is read from its packed
--- value and written packed. It returns false, having done nothing, for any other key, which
+-- value and written packed: the call's later batches read it from raw, and it is listed in put_*,
+-- arrays, which cost less than the general path's tables keyed by name. It returns false, having
+-- done nothing, for any other key (or one the general path decided before in this call), which
 -- single then decides. TestFastPathMatchesGeneral holds it equal to the general path.
 local function fast(key, L, cost, threshold)
-  local v = states[key]
-  if v == nil then
-    v = raw[key]
-    if v == nil then
-      v = call("GET", key)
-      raw[key] = v
-    end
-  end
-  if type(v) == "table" then
+  if states[key] ~= nil then
     return false
+  end
+  local v = raw[key]
+  if v == nil then
+    v = call("GET", key)
+    raw[key] = v
   end
   local tus, tf -- the current TAT; nil when the key holds no usage
   if v then
@@ -1052,16 +1050,15 @@ local function fast(key, L, cost, threshold)
   local charge = threshold >= 0 and ok == 1
   if charge then
     local tat, frac, rate, period = nus, nf, L.rate, L.period
-    states[key] = pack(GCRA_STATE_FMT, tat, frac, rate, period)
-    if stored[key] == nil then
-      stored[key] = v ~= false
-    end
+    local nv = pack(GCRA_STATE_FMT, tat, frac, rate, period)
     -- The state expires at its reset (not fresh: cost >= 1), as store has it.
     local ttl = floor((reset + 999) / 1000)
     if fixed_now then
       ttl = ttl + 60000
     end
-    ttls[key] = ttl
+    raw[key] = nv
+    nput = nput + 1
+    put_keys[nput], put_ttls[nput], put_values[nput] = key, ttl, nv
   elseif ok == 1 then
     -- Allowed in a refused batch: a check of the state the batch found.
     if tus then
@@ -1213,7 +1210,8 @@ local function run(keys, argv)
   elseif op == OP_GIVEBACK then
     return giveback()
   end
-  states, stored, raw, ttls, out, nout = {}, {}, {}, {}, {}, 0
+  states, stored, raw, out, nout = {}, {}, {}, {}, 0
+  put_keys, put_ttls, put_values, nput = {}, {}, {}, 0
   if #keys > 1 then
     prefetch() -- a lone key is cheaper with GET
   end
@@ -1228,17 +1226,19 @@ local function run(keys, argv)
   else
     error("rls: unknown operation " .. tostring(op))
   end
+  -- The fast path's writes first: a key the general path decided after them holds its last
+  -- state in states.
+  for i = 1, nput do
+    call("PSETEX", put_keys[i], put_ttls[i], put_values[i])
+  end
   for key, s in pairs(states) do
     -- A key whose requests were all denied still holds its stored state: leave it alone.
     if s ~= stored[key] then
-      if type(s) == "string" then
-        call("PSETEX", key, ttls[key], s)
-      else
-        store(key, s, stored[key] ~= false, now)
-      end
+      store(key, s, stored[key] ~= false, now)
     end
   end
   local reply = table.concat(out)
-  states, stored, raw, ttls, out = nil, nil, nil, nil, nil
+  states, stored, raw, out = nil, nil, nil, nil
+  put_keys, put_ttls, put_values = nil, nil, nil
   return reply
 end

@@ -128,7 +128,7 @@ svg text { font-size: 10px; fill: #555; }
 {{end}}</svg>
 <p>{{.From}} to {{.To}}</p>
 <table class="top"><thead><tr><th>most denied key</th><th>denied</th></tr></thead><tbody>
-{{range .Top}}<tr><td>{{.Key}}</td><td class="n">{{.Denied}}</td></tr>
+{{range .Top}}<tr><td>{{.Key}}</td><td class="n">{{.Count}}</td></tr>
 {{else}}<tr><td colspan="2">none denied</td></tr>
 {{end}}</tbody></table>
 </div>

@@ -168,7 +168,7 @@ func TestInputsAlike(t *testing.T) {
 	if err := run.Replay(rd); err != nil {
 		t.Fatal(err)
 	}
-	if rep := run.Report(); rep.Requests != 21 || rep.Rules[0].Denied[0] != 19 || rep.Rules[0].Top[0][0] != (KeyCount{"user=a", 19}) {
+	if rep := run.Report(); rep.Requests != 21 || rep.Rules[0].Denied[0] != 19 || rep.Rules[0].Top[0][0] != (KeyCount{"user=a", 19, 0}) {
 		t.Errorf("a line of count 7, sample 3: %d requests, rules %+v", rep.Requests, rep.Rules[0])
 	}
 }

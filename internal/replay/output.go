@@ -40,7 +40,7 @@ func (rep *Report) Summary() []string {
 func topString(top []KeyCount, n int) string {
 	var parts []string
 	for _, k := range top[:min(n, len(top))] {
-		parts = append(parts, fmt.Sprintf("%s (%d)", k.Key, k.Denied))
+		parts = append(parts, fmt.Sprintf("%s (%s)", k.Key, k.Count()))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -73,10 +73,10 @@ func (rep *Report) WriteTable(w io.Writer) error {
 }
 
 // WriteCSV writes the report as CSV: a row per rule and rule set (key empty), then a row per
-// top denied key of it.
+// top denied key of it, with how much its count may overstate (denied_over: 0 when exact).
 func (rep *Report) WriteCSV(w io.Writer) error {
 	cw := csv.NewWriter(w)
-	_ = cw.Write([]string{"domain", "rule", "rule_set", "key", "requests", "denied", "newly_denied", "newly_admitted"})
+	_ = cw.Write([]string{"domain", "rule", "rule_set", "key", "requests", "denied", "newly_denied", "newly_admitted", "denied_over"})
 	for _, r := range rep.Rules {
 		for s, name := range rep.Names {
 			nd, na := "", ""
@@ -84,9 +84,10 @@ func (rep *Report) WriteCSV(w io.Writer) error {
 				nd, na = strconv.FormatInt(r.NewlyDenied, 10), strconv.FormatInt(r.NewlyAdmitted, 10)
 			}
 			_ = cw.Write([]string{r.Domain, r.Rule, name, "", strconv.FormatInt(r.Requests[s], 10),
-				strconv.FormatInt(r.Denied[s], 10), nd, na})
+				strconv.FormatInt(r.Denied[s], 10), nd, na, ""})
 			for _, k := range r.Top[s] {
-				_ = cw.Write([]string{r.Domain, r.Rule, name, k.Key, "", strconv.FormatInt(k.Denied, 10), "", ""})
+				_ = cw.Write([]string{r.Domain, r.Rule, name, k.Key, "", strconv.FormatInt(k.Denied, 10), "", "",
+					strconv.FormatInt(k.Over, 10)})
 			}
 		}
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/rls-project/rls/internal/descriptors"
@@ -59,16 +60,24 @@ type RuleStats struct {
 	// Series are admitted and denied over time, in Buckets.
 	Series [][]Bucket
 
-	keys    []map[string]int64
-	seconds []map[int64]*[2]int64
-	lastSec []int64
-	lastB   []*[2]int64
+	keys   []*keyCounts
+	series []*series
 }
 
-// KeyCount is a descriptor and how many times it was denied.
+// KeyCount is a descriptor and how many times it was denied: exactly when Over is 0, else
+// between Denied - Over and Denied (see keyCounts).
 type KeyCount struct {
 	Key    string
 	Denied int64
+	Over   int64
+}
+
+// Count renders the denials: "123" when exact, else the span they lie in, "118-123".
+func (k KeyCount) Count() string {
+	if k.Over == 0 {
+		return strconv.FormatInt(k.Denied, 10)
+	}
+	return strconv.FormatInt(k.Denied-k.Over, 10) + "-" + strconv.FormatInt(k.Denied, 10)
 }
 
 // Bucket is one span of time of a rule's series.
@@ -186,22 +195,14 @@ func (r *Run) count(s int, req *Request, items []Item) {
 		st := r.ruleStats(s, it.Rule)
 		st.Requests[s]++
 		denied := !it.Decision.Allowed
-		sec := req.Time / 1e6
-		if sec != st.lastSec[s] || st.lastB[s] == nil {
-			b := st.seconds[s][sec]
-			if b == nil {
-				b = new([2]int64)
-				st.seconds[s][sec] = b
-			}
-			st.lastSec[s], st.lastB[s] = sec, b
-		}
+		b := st.series[s].at(floorDiv(req.Time, 1e6))
 		if denied {
 			st.Denied[s]++
-			st.lastB[s][1]++
-			st.keys[s][descriptors.Text(req.Descs[i].Entries)]++
+			b[1]++
+			st.keys[s].add(descriptors.Text(req.Descs[i].Entries))
 			r.denied[s][i] = true
 		} else {
-			st.lastB[s][0]++
+			b[0]++
 		}
 		if s == 1 && r.denied[0][i] != denied {
 			if denied {
@@ -222,11 +223,10 @@ func (r *Run) ruleStats(s int, rule *descriptors.Rule) *RuleStats {
 	if st == nil {
 		n := len(r.Sets)
 		st = &RuleStats{Domain: rule.Domain, Rule: rule.Path, Requests: make([]int64, n), Denied: make([]int64, n),
-			Top: make([][]KeyCount, n), Series: make([][]Bucket, n), keys: make([]map[string]int64, n),
-			seconds: make([]map[int64]*[2]int64, n), lastSec: make([]int64, n), lastB: make([]*[2]int64, n)}
+			Top: make([][]KeyCount, n), Series: make([][]Bucket, n), keys: make([]*keyCounts, n), series: make([]*series, n)}
 		for i := range n {
-			st.keys[i] = map[string]int64{}
-			st.seconds[i] = map[int64]*[2]int64{}
+			st.keys[i] = newKeyCounts(max(minCounted, countedPerListed*cmp.Or(r.TopKeys, 10)))
+			st.series[i] = newSeries()
 		}
 		r.stats[name] = st
 	}
@@ -237,6 +237,13 @@ func (r *Run) ruleStats(s int, rule *descriptors.Rule) *RuleStats {
 // maxBuckets is how many spans of time a rule's series has at most.
 const maxBuckets = 60
 
+// A rule's denied keys are counted exactly up to minCounted keys, or countedPerListed times
+// the keys its report lists if more, and past that within total/m (see keyCounts).
+const (
+	minCounted       = 1024
+	countedPerListed = 100
+)
+
 // Report returns what the replay found: the rules by domain and path, each with its top denied
 // keys and its series in at most 60 spans of equal length.
 func (r *Run) Report() *Report {
@@ -244,25 +251,29 @@ func (r *Run) Report() *Report {
 	rep := r.report
 	rep.Rules = rep.Rules[:0]
 	top := cmp.Or(r.TopKeys, 10)
-	span := (rep.End/1e6 - rep.Start/1e6 + 1)
+	// The report's spans hold whole spans of every series: their width and start are multiples
+	// of the widest series' (1 s unless a run held more than maxSpans of them).
+	var unit int64 = 1
+	for _, st := range r.stats {
+		for _, se := range st.series {
+			unit = max(unit, se.width)
+		}
+	}
+	first := floorDiv(floorDiv(rep.Start, 1e6), unit) * unit // seconds
+	span := floorDiv(rep.End, 1e6) - first + 1
 	width := (span + maxBuckets - 1) / maxBuckets // seconds a bucket
+	width = (width + unit - 1) / unit * unit
 	n := (span + width - 1) / width
 	for _, st := range r.stats {
 		for s := range r.Sets {
-			kc := make([]KeyCount, 0, len(st.keys[s]))
-			for k, c := range st.keys[s] {
-				kc = append(kc, KeyCount{k, c})
-			}
-			slices.SortFunc(kc, func(a, b KeyCount) int {
-				return cmp.Or(cmp.Compare(b.Denied, a.Denied), strings.Compare(a.Key, b.Key))
-			})
-			st.Top[s] = kc[:min(len(kc), top)]
+			st.Top[s] = st.keys[s].top(top)
 			series := make([]Bucket, n)
 			for i := range series {
-				series[i].Start = (rep.Start/1e6 + int64(i)*width) * 1e6
+				series[i].Start = (first + int64(i)*width) * 1e6
 			}
-			for sec, b := range st.seconds[s] {
-				i := (sec - rep.Start/1e6) / width
+			se := st.series[s]
+			for j, b := range se.spans {
+				i := (j*se.width - first) / width
 				if i < 0 || i >= n {
 					continue
 				}

@@ -41,8 +41,8 @@ const evictAfter = time.Second
 //   - cancels a call whose whole message has not arrived --grpc-message-timeout after its
 //     headers (rls_grpc_slow_calls_total{reason="message_timeout"});
 //   - with --grpc-max-calls, counts a ShouldRateLimit call open from its headers (the tap, on the
-//     connection's reader, before gRPC starts the call) to its end, so the bound is never
-//     passed. At the bound a new call takes the place of the oldest call still waiting for its
+//     connection's reader, before gRPC starts the call) to its end, or to its cancellation at
+//     the message deadline, so the bound is never passed. At the bound a new call takes the place of the oldest call still waiting for its
 //     message after evictAfter, which is cancelled (reason="evicted"); with none, the new call
 //     is refused UNAVAILABLE (rls_grpc_calls_refused_total), which Envoy answers with its
 //     failure_mode_deny. Slow senders therefore cannot hold every place while ordinary callers,
@@ -139,12 +139,14 @@ var (
 	errEvicted     = errors.New("request message not received, and its place at --grpc-max-calls taken by a new call")
 )
 
-// call is one unary call the gate watches.
+// call is one unary call the gate watches, and the context the gate gives it: its stream's,
+// which the gate may cancel, and which holds the call itself under callKey (see Value).
 type call struct {
+	context.Context
 	g      *callGate
 	start  time.Time // when its headers came; set under the gate's mutex, in list order
 	cancel context.CancelCauseFunc
-	// stopEnd unregisters end from the call's context; true when end will not run.
+	// stopEnd unregisters end from the call's stream's context; true when end will not run.
 	stopEnd func() bool
 
 	// state is arriving, then arrived, expired or evicted; the gate's mutex guards the list and
@@ -174,8 +176,9 @@ func (g *callGate) tap(ctx context.Context, info *tap.Info) (context.Context, er
 	if !g.unary[info.FullMethodName] {
 		return ctx, nil
 	}
+	stream := ctx
 	c := &call{g: g}
-	ctx, c.cancel = context.WithCancelCause(ctx)
+	c.Context, c.cancel = context.WithCancelCause(ctx)
 	c.counted = g.max > 0 && info.FullMethodName == rlsv3.RateLimitService_ShouldRateLimit_FullMethodName
 	c.listed = c.counted || g.timeout > 0
 	if c.listed {
@@ -191,9 +194,18 @@ func (g *callGate) tap(ctx context.Context, info *tap.Info) (context.Context, er
 		}
 	}
 	// The stream's context ends with the call, however it ends (answered, reset, its
-	// connection closed), and this context with it.
-	c.stopEnd = context.AfterFunc(ctx, c.end)
-	return context.WithValue(ctx, callKey{}, c), nil
+	// connection closed, or cancelled here, when gRPC gives the call up). Registered on it, not
+	// on the call's own, which would then need a channel and a map of its own.
+	c.stopEnd = context.AfterFunc(stream, c.end)
+	return c, nil
+}
+
+// Value returns the call under callKey, and otherwise its stream's values.
+func (c *call) Value(key any) any {
+	if key == (callKey{}) {
+		return c
+	}
+	return c.Context.Value(key)
 }
 
 // admit lists c, a listed call. A counted one first takes a place in the bound: a free one, or
@@ -254,6 +266,9 @@ func (g *callGate) expire() {
 		g.arriving.remove(c)
 		if c.state.CompareAndSwap(callArriving, callExpired) {
 			late = append(late, c)
+			if c.counted {
+				g.open-- // given back here: its end, when its stream ends, gives back none
+			}
 		}
 	}
 	if c := g.arriving.head; c != nil {
@@ -264,11 +279,12 @@ func (g *callGate) expire() {
 	g.mu.Unlock()
 	for _, c := range late {
 		g.slowCall(reasonTimeout) // counted by the time its call sees it
-		c.cancel(errSlowMessage)  // its end gives its place back
+		c.cancel(errSlowMessage)
 	}
 }
 
-// end runs once when the call ends, or when its handler returns: it gives back its place.
+// end runs once when the call's stream ends, or when its handler returns: it gives back its
+// place, unless the gate took it back already (expired) or gave it to another call (evicted).
 func (c *call) end() {
 	if !c.listed {
 		return
@@ -276,7 +292,7 @@ func (c *call) end() {
 	g := c.g
 	g.mu.Lock()
 	g.arriving.remove(c)
-	if c.counted && c.state.Load() != callEvicted {
+	if st := c.state.Load(); c.counted && st != callEvicted && st != callExpired {
 		g.open--
 	}
 	g.mu.Unlock()

@@ -42,11 +42,12 @@ const evictAfter = time.Second
 //     headers (rls_grpc_slow_calls_total{reason="message_timeout"});
 //   - with --grpc-max-calls, counts a ShouldRateLimit call open from its headers (the tap, on the
 //     connection's reader, before gRPC starts the call) to its end, or to its cancellation at
-//     the message deadline, so the bound is never passed. At the bound a new call takes the place of the oldest call still waiting for its
-//     message after evictAfter, which is cancelled (reason="evicted"); with none, the new call
-//     is refused UNAVAILABLE (rls_grpc_calls_refused_total), which Envoy answers with its
-//     failure_mode_deny. Slow senders therefore cannot hold every place while ordinary callers,
-//     whose messages arrive with their headers, are refused.
+//     the message deadline, so the bound is never passed. At the bound a new call takes the
+//     place of the oldest call still waiting for its message after evictAfter, which is
+//     cancelled (reason="evicted"); with none, the new call is refused UNAVAILABLE
+//     (rls_grpc_calls_refused_total), which Envoy answers with its failure_mode_deny. Slow
+//     senders therefore cannot hold every place while ordinary callers, whose messages arrive
+//     with their headers, are refused.
 //
 // A call counts as arrived when the first unary interceptor runs, once gRPC has read and
 // decoded its message.
@@ -194,8 +195,9 @@ func (g *callGate) tap(ctx context.Context, info *tap.Info) (context.Context, er
 		}
 	}
 	// The stream's context ends with the call, however it ends (answered, reset, its
-	// connection closed, or cancelled here, when gRPC gives the call up). Registered on it, not
-	// on the call's own, which would then need a channel and a map of its own.
+	// connection closed, or given up by gRPC once the call's context is cancelled). end is
+	// registered on it rather than on the call's context, which would then need a channel and a
+	// map of children of its own.
 	c.stopEnd = context.AfterFunc(stream, c.end)
 	return c, nil
 }

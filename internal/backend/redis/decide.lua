@@ -1226,10 +1226,14 @@ local function run(keys, argv)
   else
     error("rls: unknown operation " .. tostring(op))
   end
-  -- The fast path's writes first: a key the general path decided after them holds its last
-  -- state in states.
+  -- The fast path's writes first, each key's last only (a hot key charged by many batches of
+  -- the call is written once): raw holds it. A key the general path decided after them is
+  -- written again below if that changed it.
   for i = 1, nput do
-    call("PSETEX", put_keys[i], put_ttls[i], put_values[i])
+    local key, v = put_keys[i], put_values[i]
+    if raw[key] == v then
+      call("PSETEX", key, put_ttls[i], v)
+    end
   end
   for key, s in pairs(states) do
     -- A key whose requests were all denied still holds its stored state: leave it alone.

@@ -229,3 +229,55 @@ func TestFastPathMatchesGeneral(t *testing.T) {
 		t.Fatalf("only %d requests of the fast path's shape", fastShaped)
 	}
 }
+
+// TestFastPathWritesAKeyOnce: a merged call whose batches all charge one key (a hot key's
+// callers coalesced) writes it once, with its last state, on a Redis of the test's own.
+func TestFastPathWritesAKeyOnce(t *testing.T) {
+	b, _ := newOwnBackend(t, Options{})
+	ctx := context.Background()
+	l := limit.Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+	const n = 20
+	calls := make([]*call, n)
+	for i := range calls {
+		calls[i] = &call{}
+		r := backend.Request{Limit: l, Cost: 1}
+		calls[i].add(storedKey(b.prefix, "hot"), &r, 0)
+	}
+	if err := b.rdb.ConfigResetStat(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.rdb.Do(ctx, b.callArgs(mergedArgs(script.Hash(), 0, calls))...).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if got := commandCalls(t, b, "cmdstat_psetex:"); got != 1 {
+		t.Errorf("%d batches charging one key: %d PSETEX, want 1", n, got)
+	}
+	// The state written is the last batch's: one more request finds n charged.
+	out := make([]backend.Decision, 1)
+	if _, err := b.Decide(ctx, []backend.Request{{Key: "hot", Limit: l, Cost: 1}}, out); err != nil {
+		t.Fatal(err)
+	}
+	if want := l.Burst - n - 1; out[0].Remaining != want {
+		t.Errorf("remaining %d after %d charges and one more, want %d", out[0].Remaining, n, want)
+	}
+}
+
+// commandCalls returns how many times Redis ran the command whose INFO commandstats line starts
+// with prefix since its statistics were reset.
+func commandCalls(t *testing.T, b *Backend, prefix string) int64 {
+	t.Helper()
+	info, err := b.rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), prefix+"calls="); ok {
+			n, err := strconv.ParseInt(rest[:strings.IndexByte(rest, ',')], 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	return 0
+}

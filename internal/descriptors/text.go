@@ -21,6 +21,13 @@ func AppendEscaped(b []byte, s string) []byte {
 	return b
 }
 
+// AppendEntry appends one entry, key=value, of a descriptor's text form to b.
+func AppendEntry(b []byte, key, value string) []byte {
+	b = AppendEscaped(b, key)
+	b = append(b, '=')
+	return AppendEscaped(b, value)
+}
+
 // Text writes entries in the text form.
 func Text(entries []Entry) string {
 	var b []byte
@@ -28,9 +35,7 @@ func Text(entries []Entry) string {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = AppendEscaped(b, e.Key)
-		b = append(b, '=')
-		b = AppendEscaped(b, e.Value)
+		b = AppendEntry(b, e.Key, e.Value)
 	}
 	return string(b)
 }

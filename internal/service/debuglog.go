@@ -26,9 +26,7 @@ func (s *Service) debugDecision(ctx context.Context, req *rlsv3.RateLimitRequest
 			if j > 0 {
 				descs = append(descs, ',')
 			}
-			descs = descriptors.AppendEscaped(descs, e.GetKey())
-			descs = append(descs, '=')
-			descs = descriptors.AppendEscaped(descs, e.GetValue())
+			descs = descriptors.AppendEntry(descs, e.GetKey(), e.GetValue())
 		}
 	}
 	var codes strings.Builder

@@ -244,9 +244,16 @@ func scriptUsec(b *testing.B, be *Backend) float64 {
 // commandUsec returns the microseconds Redis spent in the commands whose INFO commandstats
 // lines start with one of prefixes since its statistics were reset.
 func commandUsec(b *testing.B, be *Backend, prefixes ...string) float64 {
+	return commandStat(b, be, "usec", prefixes...)
+}
+
+// commandStat returns the sum of field (calls, usec) of the INFO commandstats lines that start
+// with one of prefixes, since Redis's statistics were reset.
+func commandStat(tb testing.TB, be *Backend, field string, prefixes ...string) float64 {
+	tb.Helper()
 	info, err := be.rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
 	var total float64
 	for _, line := range strings.Split(info, "\n") {
@@ -254,10 +261,10 @@ func commandUsec(b *testing.B, be *Backend, prefixes ...string) float64 {
 			continue
 		}
 		for _, f := range strings.Split(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
-			if v, ok := strings.CutPrefix(f, "usec="); ok {
+			if v, ok := strings.CutPrefix(f, field+"="); ok {
 				u, err := strconv.ParseFloat(v, 64)
 				if err != nil {
-					b.Fatal(err)
+					tb.Fatal(err)
 				}
 				total += u
 			}
